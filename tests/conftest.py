@@ -1,0 +1,49 @@
+"""Fixtures over the real services started by deploy/local/services.sh (make services-up)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.services import load_services_env, services
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.settings import Settings
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    load_services_env()
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    return Settings.load()
+
+
+@pytest.fixture(scope="session")
+def store(settings: Settings) -> Iterator[Neo4jGraphStore]:
+    graph = Neo4jGraphStore.from_settings(settings)
+    if not graph.is_available(timeout_s=5):
+        pytest.fail(f"Neo4j is not reachable at {settings.neo4j_uri}: run `make services-up` first")
+    graph.ensure_schema()
+    yield graph
+    graph.close()
+
+
+@pytest.fixture
+def new_user() -> Callable[[str], str]:
+    """Unique user ids per test, so tests never see each other's data in the shared database."""
+    run = uuid.uuid4().hex[:10]
+
+    def make(name: str) -> str:
+        return f"test-{run}-{name}"
+
+    return make
+
+
+@pytest.fixture
+def neo4j_restorer() -> Iterator[None]:
+    """For tests that stop Neo4j: it is running again when the test ends, whatever happened."""
+    yield
+    services("up", "neo4j")

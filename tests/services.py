@@ -1,0 +1,30 @@
+"""Where the tests, the demo and the benchmarks find the real local services, and how they stop/start them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICES_SH = ROOT / "deploy" / "local" / "services.sh"
+SERVICES_ENV = ROOT / ".var" / "services.env"
+
+
+def load_services_env() -> None:
+    """Copy .var/services.env into os.environ; variables already set in the environment win."""
+    if not SERVICES_ENV.exists():
+        return
+    for line in SERVICES_ENV.read_text().splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() and not line.lstrip().startswith("#"):
+            os.environ.setdefault(name.strip(), value.strip())
+
+
+def services(action: str, name: str) -> None:
+    """Run deploy/local/services.sh ACTION NAME, failing loudly with its output."""
+    done = subprocess.run(
+        ["bash", str(SERVICES_SH), action, name], capture_output=True, text=True, timeout=300, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"services.sh {action} {name} failed ({done.returncode}): {done.stderr[-2000:]}")

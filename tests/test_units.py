@@ -1,0 +1,124 @@
+"""Pure functions: normalisation, ids, Lucene escaping, rank fusion, save parameters, validation, settings."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from tests.factories import entities, record, relation
+from worker.errors import EpisodeRejected, SettingsError
+from worker.graph.lucene import build_query, escape_text, phrase
+from worker.graph.params import build_save_params
+from worker.identity import derive_episode_id, entity_uid, normalize_name
+from worker.models import Limits, Relationship, build_episode
+from worker.ranking import reciprocal_rank_fusion
+from worker.settings import Settings
+
+
+def test_names_normalise_case_width_and_spaces() -> None:
+    assert normalize_name("  Ａｌｉｃｅ \t  SMITH ") == "alice smith"
+    assert normalize_name("北京") == "北京"
+    assert normalize_name("ＡＢＣ１２３") == "abc123"
+
+
+def test_entity_uid_is_per_user() -> None:
+    assert entity_uid("u1", "alice") == entity_uid("u1", "alice")
+    assert entity_uid("u1", "alice") != entity_uid("u2", "alice")
+
+
+def test_episode_id_is_deterministic_and_content_sensitive() -> None:
+    a = derive_episode_id("u", "s", [("user", "hi")])
+    assert a == derive_episode_id("u", "s", [("user", "hi")])
+    assert a != derive_episode_id("u", "s", [("user", "hi!")])
+    assert a != derive_episode_id("u2", "s", [("user", "hi")])
+
+
+def test_escaped_text_has_no_live_syntax() -> None:
+    assert escape_text('a AND b* "c" user_id:x') == 'a and b\\* \\"c\\" user_id\\:x'
+    assert escape_text("}) RETURN e //") == "\\}\\) RETURN e \\/\\/"
+    assert phrase('say "hi" \\') == '"say \\"hi\\" \\\\"'
+
+
+def test_query_is_none_when_nothing_searchable() -> None:
+    assert build_query("utag", ["*", "?"], "*** ::") is None
+    query = build_query("utag", ["New York"], "weather?")
+    assert query == '+user_tag:utag +("New York"^2 weather\\?)'
+
+
+def test_long_text_is_cut_to_bound_clause_count() -> None:
+    query = build_query("t", [], "词" * 5000)
+    assert query is not None and len(query) < 300
+
+
+def test_rrf_rewards_agreement() -> None:
+    scores = reciprocal_rank_fusion([["a", "b", "c"], ["b", "d"]])
+    assert max(scores, key=lambda k: scores[k]) == "b"
+    assert scores["a"] == pytest.approx(1 / 61)
+
+
+def test_save_params_merge_names_and_create_missing_relationship_ends() -> None:
+    params = build_save_params(
+        record("u", "x"),
+        [*entities("Alice", "ＡＬＩＣＥ "), *entities("Bob", type_="other")],
+        [relation("alice", "Carol", 0.25), relation("Alice", "carol", 0.5, "met"), relation("Bob", "Dan")],
+    )
+    keys = sorted(e["key"] for e in params.entities)
+    assert keys == ["alice", "bob", "carol", "dan"]
+    carol = next(e for e in params.entities if e["key"] == "carol")
+    assert carol["type"] == "other"
+    assert len(params.relationships) == 2
+    merged = next(r for r in params.relationships if r["description"] == "met")
+    assert merged["weight"] == pytest.approx(0.75)
+
+
+def test_relationship_weight_stays_float() -> None:
+    assert Relationship(source="a", target="b", weight=0.35).weight == 0.35
+    with pytest.raises(ValueError):
+        Relationship(source="a", target="b", weight=float("nan"))
+
+
+LIMITS = Limits(max_messages=3, max_message_chars=10, max_episode_chars=15)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"user_id": "", "session_id": "s", "messages": [{"role": "user", "content": "hi"}]}, "user_id"),
+        ({"user_id": "u", "session_id": " ", "messages": [{"role": "user", "content": "hi"}]}, "session_id"),
+        ({"user_id": "u", "session_id": "s", "messages": []}, "messages"),
+        ({"user_id": "u", "session_id": "s", "messages": [{"role": "bot", "content": "hi"}]}, "messages.0.role"),
+        ({"user_id": "u", "session_id": "s", "messages": [{"role": "user", "content": "  "}]}, "messages.0.content"),
+        (
+            {"user_id": "u", "session_id": "s", "messages": [{"role": "user", "content": "x" * 11}]},
+            "messages.0.content",
+        ),
+        ({"user_id": "u", "session_id": "s", "messages": [{"role": "user", "content": "x"}] * 4}, "messages"),
+        ({"user_id": "u", "session_id": "s", "messages": [{"role": "user", "content": "x" * 8}] * 2}, "messages"),
+        ({"user_id": "u\x00", "session_id": "s", "messages": [{"role": "user", "content": "hi"}]}, "user_id"),
+    ],
+)
+def test_bad_episode_input_names_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(EpisodeRejected) as info:
+        build_episode(limits=LIMITS, **kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field
+
+
+def test_naive_occurred_at_is_rejected() -> None:
+    with pytest.raises(EpisodeRejected) as info:
+        build_episode("u", "s", [{"role": "user", "content": "hi"}], limits=LIMITS, occurred_at=datetime(2026, 1, 1))
+    assert info.value.field == "occurred_at"
+
+
+def test_valid_episode_gets_derived_id() -> None:
+    episode = build_episode("u", "s", [{"role": "user", "content": "hi"}], limits=LIMITS)
+    assert episode.id == derive_episode_id("u", "s", [("user", "hi")])
+
+
+def test_settings_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMORY_RECALL_LIMIT", "0")
+    monkeypatch.setenv("MEMORY_NEO4J_URI", "http://x")
+    with pytest.raises(SettingsError) as info:
+        Settings.load()
+    text = str(info.value)
+    assert "MEMORY_RECALL_LIMIT" in text and "MEMORY_NEO4J_URI" in text

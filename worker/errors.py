@@ -1,0 +1,44 @@
+"""The project's error hierarchy: every error carries the data a caller needs to decide what to do."""
+
+from __future__ import annotations
+
+
+class MemoryServiceError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class SettingsError(MemoryServiceError):
+    """Configuration is missing or invalid; the message names each offending MEMORY_ variable."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid settings: " + "; ".join(problems))
+
+
+class EpisodeRejected(MemoryServiceError):
+    """Input that can never be stored as given (validation failure); nothing was written or enqueued."""
+
+    def __init__(self, reason: str, field: str | None = None) -> None:
+        self.reason = reason
+        self.field = field
+        super().__init__(f"{field}: {reason}" if field else reason)
+
+
+class StoreError(MemoryServiceError):
+    """A graph-store failure. Subclasses say whether trying again can help."""
+
+    transient = False
+
+    def __init__(self, message: str, *, cause: str | None = None) -> None:
+        self.cause = cause  # the underlying error class name, for logs and dead letters
+        super().__init__(message)
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or asked us to retry (outage, timeout, deadlock): transient."""
+
+    transient = True
+
+
+class StoreRequestError(StoreError):
+    """The store refused the request itself (bad query, constraint, auth): retrying will not help."""

@@ -1,0 +1,1 @@
+"""The graph store: a narrow protocol and its Neo4j implementation (all Cypher lives in cypher.py)."""

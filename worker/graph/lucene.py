@@ -1,0 +1,38 @@
+"""Build Lucene query strings from user text so that nothing in it acts as query syntax."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+_SPECIAL = frozenset('+-&|!(){}[]^"~*?:\\/')
+_OPERATORS = re.compile(r"\b(AND|OR|NOT|TO)\b")
+_HAS_WORD = re.compile(r"\w")
+
+
+def escape_text(text: str) -> str:
+    """Free text → terms: every syntax character escaped and operator words lower-cased (the analyzer
+    lower-cases anyway), so `a AND b*` searches for the words a, and, b."""
+    escaped = "".join("\\" + ch if ch in _SPECIAL else ch for ch in text)
+    return _OPERATORS.sub(lambda m: m.group(0).lower(), escaped)
+
+
+def phrase(text: str) -> str:
+    """A keyword → one quoted phrase; inside quotes only backslash and quote need escaping."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def build_query(
+    user_tag: str, keywords: Sequence[str], text: str, *, max_keywords: int = 32, max_text_chars: int = 200
+) -> str | None:
+    """`+user_tag:<tag> +(<keyword phrases, boosted> <text terms>)`, or None when nothing is searchable.
+
+    The text is cut to max_text_chars so that a long query cannot exceed Lucene's clause limit.
+    """
+    clauses = [phrase(k) + "^2" for k in keywords if _HAS_WORD.search(k)][:max_keywords]
+    cut = text[:max_text_chars]
+    if _HAS_WORD.search(cut):
+        clauses.append(escape_text(cut))
+    if not clauses:
+        return None
+    return f"+user_tag:{user_tag} +({' '.join(clauses)})"

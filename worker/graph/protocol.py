@@ -1,0 +1,33 @@
+"""What the rest of the service needs from a graph store; tests are written against this."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from worker.models import DeleteReport, Entity, EpisodeRecord, MemoryContext, Relationship, SaveResult, StoreStats
+
+
+class GraphStore(Protocol):
+    def ensure_schema(self) -> None:
+        """Create constraints and indexes if missing and wait until they are online. Idempotent."""
+
+    def save_episode(
+        self, record: EpisodeRecord, entities: Sequence[Entity], relationships: Sequence[Relationship]
+    ) -> SaveResult:
+        """Persist one episode with its entities and relationships in one transaction. Idempotent."""
+
+    def search(self, user_id: str, keywords: Sequence[str], text: str, limit: int) -> MemoryContext:
+        """The user's most relevant episodes for the keywords and text, with their entities and relations."""
+
+    def delete_user(self, user_id: str) -> DeleteReport:
+        """Remove every node and relationship of the user; returns what was removed."""
+
+    def is_available(self, timeout_s: float = 2.0) -> bool:
+        """A real round trip to the store, bounded by timeout_s."""
+
+    def stats(self, user_id: str | None = None) -> StoreStats:
+        """Counts for the whole store, or for one user."""
+
+    def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,225 @@
+"""The data the service accepts, stores and returns, validated with pydantic."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+
+from worker.errors import EpisodeRejected
+from worker.identity import derive_episode_id
+
+Role = Literal["user", "assistant", "system", "tool"]
+ExtractionKind = Literal["llm", "offline", "degraded"]
+
+# Ids are opaque to us but must be printable and bounded: they end up in keys, logs and Cypher parameters.
+Identifier = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
+]
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Message(_Frozen):
+    role: Role
+    content: Annotated[str, StringConstraints(min_length=1)]
+
+    @field_validator("content")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+
+class Limits(_Frozen):
+    """Input limits (from settings) that an episode is checked against before anything is enqueued."""
+
+    max_messages: int = 500
+    max_message_chars: int = 20_000
+    max_episode_chars: int = 200_000
+
+
+class Episode(_Frozen):
+    """A conversation to remember, with its deterministic id."""
+
+    id: Identifier
+    user_id: Identifier
+    session_id: Identifier
+    messages: tuple[Message, ...]
+    occurred_at: datetime | None = None
+
+    @property
+    def text(self) -> str:
+        return "\n".join(f"{m.role}: {m.content}" for m in self.messages)
+
+
+def build_episode(
+    user_id: str,
+    session_id: str,
+    messages: object,
+    *,
+    limits: Limits,
+    episode_id: str | None = None,
+    occurred_at: datetime | None = None,
+) -> Episode:
+    """Validate caller input into an Episode, or raise EpisodeRejected naming the field."""
+    try:
+        parsed = _EpisodeInput(user_id=user_id, session_id=session_id, messages=messages)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(part) for part in err["loc"]) or None
+        raise EpisodeRejected(err["msg"], field) from None
+    if not parsed.messages:
+        raise EpisodeRejected("at least one message is required", "messages")
+    if len(parsed.messages) > limits.max_messages:
+        raise EpisodeRejected(f"{len(parsed.messages)} messages; the limit is {limits.max_messages}", "messages")
+    total = 0
+    for i, message in enumerate(parsed.messages):
+        total += len(message.content)
+        if len(message.content) > limits.max_message_chars:
+            raise EpisodeRejected(
+                f"{len(message.content)} characters; the limit is {limits.max_message_chars}",
+                f"messages.{i}.content",
+            )
+    if total > limits.max_episode_chars:
+        raise EpisodeRejected(f"{total} characters in all; the limit is {limits.max_episode_chars}", "messages")
+    if occurred_at is not None and occurred_at.tzinfo is None:
+        raise EpisodeRejected("must be timezone-aware", "occurred_at")
+    the_id = (
+        episode_id
+        if episode_id is not None
+        else derive_episode_id(parsed.user_id, parsed.session_id, ((m.role, m.content) for m in parsed.messages))
+    )
+    try:
+        return Episode(
+            id=the_id,
+            user_id=parsed.user_id,
+            session_id=parsed.session_id,
+            messages=tuple(parsed.messages),
+            occurred_at=occurred_at,
+        )
+    except ValidationError as exc:
+        raise EpisodeRejected(exc.errors()[0]["msg"], "episode_id") from None
+
+
+class _EpisodeInput(_Frozen):
+    user_id: Identifier
+    session_id: Identifier
+    messages: list[Message]
+
+
+class Entity(_Frozen):
+    name: Name = Field(description="The entity's name as written in the conversation.")
+    type: Annotated[str, StringConstraints(strip_whitespace=True, max_length=64)] = Field(
+        "other", description="person, place, organization, product, event, concept or other."
+    )
+    description: Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)] = Field(
+        "", description="What the conversation says about the entity, in one sentence."
+    )
+
+
+class Relationship(_Frozen):
+    source: Name = Field(description="Name of the entity the relationship starts from.")
+    target: Name = Field(description="Name of the entity the relationship points to.")
+    description: Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)] = Field(
+        "", description="How source relates to target, in a short phrase."
+    )
+    weight: float = Field(1.0, ge=0.0, le=1_000_000.0, description="Strength of the relationship (float).")
+
+    @field_validator("weight")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+
+class ExtractionResult(_Frozen):
+    summary: Annotated[str, StringConstraints(strip_whitespace=True, max_length=10_000)] = Field(
+        description="A short summary of what the user said, in the conversation's language."
+    )
+    entities: list[Entity] = Field(default_factory=list, max_length=500)
+    relationships: list[Relationship] = Field(default_factory=list, max_length=1000)
+
+
+class EpisodeRecord(_Frozen):
+    """An episode as persisted: the conversation plus how its memory was extracted."""
+
+    id: Identifier
+    user_id: Identifier
+    session_id: Identifier
+    summary: str
+    content: str | None
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    occurred_at: datetime | None = None
+    extraction: ExtractionKind
+    model: str
+    prompt_version: str = ""
+    message_count: int = Field(0, ge=0)
+
+
+class SaveResult(_Frozen):
+    episode_id: str
+    created: bool  # False: the episode was already stored and nothing changed
+    entities: int = 0
+    relationships: int = 0
+
+
+class EpisodeHit(_Frozen):
+    id: str
+    user_id: str
+    session_id: str
+    summary: str
+    created_at: datetime
+    occurred_at: datetime | None = None
+    extraction: str = ""
+    score: float
+    matched_by: list[str] = Field(default_factory=list)
+
+
+class EntityHit(_Frozen):
+    uid: str
+    user_id: str
+    name: str
+    type: str
+    description: str
+    mentions: int
+
+
+class RelationHit(_Frozen):
+    user_id: str
+    source: str
+    target: str
+    description: str
+    weight: float
+
+
+class MemoryContext(_Frozen):
+    """What recall returns: the most relevant episodes, their entities and relations."""
+
+    related_episodes: list[EpisodeHit] = Field(default_factory=list)
+    related_entities: list[EntityHit] = Field(default_factory=list)
+    related_relations: list[RelationHit] = Field(default_factory=list)
+    degraded: bool = False
+    reason: str | None = None
+
+
+class DeleteReport(_Frozen):
+    user_id: str
+    episodes: int
+    entities: int
+    relationships: int
+    other_nodes: int = 0
+
+
+class StoreStats(_Frozen):
+    episodes: int
+    entities: int
+    relationships: int
+    users: int
