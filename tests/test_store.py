@@ -152,3 +152,24 @@ def test_delete_user_removes_everything_and_keeps_others(store: Neo4jGraphStore,
     assert left == 0
     assert (store.stats(kept).episodes, store.stats(kept).entities) == (1, 1)
     assert store.delete_user(gone).episodes == 0  # idempotent
+
+
+def test_rank_fusion_puts_text_and_entity_agreement_first(store: Neo4jGraphStore, new_user: NewUser) -> None:
+    user = new_user("rrf")
+    text_only = record(user, "lisbon lisbon lisbon lisbon", summary="lisbon lisbon")
+    both = record(user, "we talked about moving to lisbon next year and other plans", summary="moving plans")
+    store.save_episode(text_only, [], [])
+    store.save_episode(both, entities("Lisbon"), [])
+    context = store.search(user, ["lisbon"], "lisbon", 5)
+    assert [e.id for e in context.related_episodes] == [both.id, text_only.id]
+    assert context.related_episodes[0].matched_by == ["text", "entity:Lisbon"]
+    assert context.related_episodes[1].matched_by == ["text"]
+    assert context.related_episodes[0].score > context.related_episodes[1].score
+
+
+def test_limit_is_respected_and_ties_go_to_the_newest(store: Neo4jGraphStore, new_user: NewUser) -> None:
+    user = new_user("limit")
+    for i in range(8):
+        store.save_episode(record(user, f"coffee number {i}"), [], [])
+    context = store.search(user, ["coffee"], "", 3)
+    assert len(context.related_episodes) == 3

@@ -12,7 +12,6 @@ from worker.graph.lucene import build_query, escape_text, phrase
 from worker.graph.params import build_save_params
 from worker.identity import derive_episode_id, entity_uid, normalize_name
 from worker.models import Limits, Relationship, build_episode
-from worker.ranking import reciprocal_rank_fusion
 from worker.settings import Settings
 
 
@@ -51,17 +50,15 @@ def test_long_text_is_cut_to_bound_clause_count() -> None:
     assert query is not None and len(query) < 300
 
 
-def test_rrf_rewards_agreement() -> None:
-    scores = reciprocal_rank_fusion([["a", "b", "c"], ["b", "d"]])
-    assert max(scores, key=lambda k: scores[k]) == "b"
-    assert scores["a"] == pytest.approx(1 / 61)
-
-
 def test_save_params_merge_names_and_create_missing_relationship_ends() -> None:
     params = build_save_params(
-        record("u", "x"),
-        [*entities("Alice", "ＡＬＩＣＥ "), *entities("Bob", type_="other")],
-        [relation("alice", "Carol", 0.25), relation("Alice", "carol", 0.5, "met"), relation("Bob", "Dan")],
+        [
+            (
+                record("u", "x"),
+                [*entities("Alice", "ＡＬＩＣＥ "), *entities("Bob", type_="other")],
+                [relation("alice", "Carol", 0.25), relation("Alice", "carol", 0.5, "met"), relation("Bob", "Dan")],
+            )
+        ]
     )
     keys = sorted(e["key"] for e in params.entities)
     assert keys == ["alice", "bob", "carol", "dan"]

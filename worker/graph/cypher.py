@@ -27,51 +27,54 @@ PING = "RETURN 1 AS ok"
 # --- write path --------------------------------------------------------------------------------------
 
 # MERGE under the uniqueness constraint serialises concurrent saves of one episode: exactly one
-# transaction sees its own token and goes on to write entities; every other one is a no-op.
-CLAIM_EPISODE = """
-MERGE (e:Episode {id: $episode.id})
-ON CREATE SET e += $episode, e.save_token = $token
-RETURN e.save_token = $token AS created, e.user_id AS user_id
+# transaction sees its own token and goes on to write that episode's entities; for the others it is a no-op.
+CLAIM_EPISODES = """
+UNWIND $episodes AS ep
+MERGE (e:Episode {id: ep.id})
+ON CREATE SET e += ep, e.save_token = $token
+RETURN ep.id AS id, e.save_token = $token AS created, e.user_id AS user_id
 """
 
 SAVE_ENTITIES = """
-MATCH (e:Episode {id: $episode_id})
-UNWIND $entities AS ent
-MERGE (n:Entity {uid: ent.uid})
-ON CREATE SET n.user_id = $user_id, n.user_tag = $user_tag, n.key = ent.key, n.name = ent.name,
-              n.type = ent.type, n.description = '', n.first_seen = $now, n.last_seen = $now, n.mentions = 0
+UNWIND $rows AS row
+MATCH (e:Episode {id: row.episode_id})
+MERGE (n:Entity {uid: row.uid})
+ON CREATE SET n.user_id = row.user_id, n.user_tag = row.user_tag, n.key = row.key, n.name = row.name,
+              n.type = row.type, n.description = '', n.first_seen = $now, n.last_seen = $now, n.mentions = 0
 SET n.mentions = n.mentions + 1,
     n.last_seen = CASE WHEN $now > n.last_seen THEN $now ELSE n.last_seen END,
-    n.type = CASE WHEN n.type = 'other' THEN ent.type ELSE n.type END,
-    n.description = CASE WHEN ent.description <> '' THEN ent.description ELSE n.description END
+    n.type = CASE WHEN n.type = 'other' THEN row.type ELSE n.type END,
+    n.description = CASE WHEN row.description <> '' THEN row.description ELSE n.description END
 MERGE (e)-[:MENTIONS]->(n)
-RETURN count(n) AS entities
+RETURN row.episode_id AS id, count(n) AS n
 """
 
 SAVE_RELATIONSHIPS = """
-UNWIND $relationships AS rel
-MATCH (a:Entity {uid: rel.source_uid})
-MATCH (b:Entity {uid: rel.target_uid})
+UNWIND $rows AS row
+MATCH (a:Entity {uid: row.source_uid})
+MATCH (b:Entity {uid: row.target_uid})
 MERGE (a)-[r:RELATED_TO]->(b)
-ON CREATE SET r.user_id = $user_id, r.weight = 0.0, r.episodes = [], r.description = ''
-SET r.weight = r.weight + rel.weight,
-    r.description = CASE WHEN rel.description <> '' THEN rel.description ELSE r.description END,
-    r.episodes = (r.episodes + $episode_id)[-50..],
+ON CREATE SET r.user_id = row.user_id, r.weight = 0.0, r.episodes = [], r.description = ''
+SET r.weight = r.weight + row.weight,
+    r.description = CASE WHEN row.description <> '' THEN row.description ELSE r.description END,
+    r.episodes = (r.episodes + row.episode_id)[-50..],
     r.updated_at = $now
-RETURN count(r) AS relationships
+RETURN row.episode_id AS id, count(r) AS n
 """
 
-RELEASE_CLAIM = "MATCH (e:Episode {id: $episode_id}) REMOVE e.save_token"
+RELEASE_CLAIMS = "UNWIND $ids AS id MATCH (e:Episode {id: id}) REMOVE e.save_token"
 
 # --- recall path -------------------------------------------------------------------------------------
 
-# Both candidate lists in one round trip. The Lucene query already carries +user_tag:<tag>; the exact
-# user_id check here is what guarantees isolation.
-SEARCH_CANDIDATES = f"""
+# Recall in one round trip: two candidate lists (episode text by BM25; episodes mentioning entities whose
+# name/description match), fused by reciprocal rank fusion (score = sum of 1 / ($rrf_k + rank)), ties broken
+# by recency, then the winners' entities and the relations among them. The Lucene query already carries
+# +user_tag:<tag>; the exact user_id checks here are what guarantee isolation.
+SEARCH = f"""
 CALL () {{
   CALL db.index.fulltext.queryNodes('{EPISODE_FULLTEXT}', $lucene, {{limit: $k}}) YIELD node, score
   WHERE node.user_id = $user_id
-  RETURN collect([node.id, score, node.created_at]) AS by_text
+  RETURN collect(node) AS by_text
 }}
 CALL () {{
   CALL db.index.fulltext.queryNodes('{ENTITY_FULLTEXT}', $lucene, {{limit: $k}}) YIELD node, score
@@ -81,29 +84,36 @@ CALL () {{
   WITH ep, sum(score) AS s, collect(node.name)[..5] AS names
   ORDER BY s DESC, ep.created_at DESC
   LIMIT $k
-  RETURN collect([ep.id, s, ep.created_at, names]) AS by_entity
+  RETURN collect(ep) AS by_entity, collect(names) AS entity_names
 }}
-RETURN by_text, by_entity
-"""
-
-HYDRATE = """
-UNWIND $ids AS id
-MATCH (ep:Episode {id: id})
-WHERE ep.user_id = $user_id
-OPTIONAL MATCH (ep)-[:MENTIONS]->(n:Entity)
-WITH collect(DISTINCT ep {.id, .user_id, .session_id, .summary, .created_at, .occurred_at, .extraction})
-       AS episodes,
-     collect(DISTINCT n) AS ents
-CALL (ents) {
+WITH by_text, by_entity, entity_names, size(by_text) AS nt
+UNWIND range(0, nt + size(by_entity) - 1) AS i
+WITH CASE WHEN i < nt THEN by_text[i] ELSE by_entity[i - nt] END AS ep,
+     1.0 / ($rrf_k + 1 + CASE WHEN i < nt THEN i ELSE i - nt END) AS part,
+     CASE WHEN i < nt THEN true END AS via_text,
+     CASE WHEN i < nt THEN [] ELSE entity_names[i - nt] END AS names
+WITH ep, sum(part) AS score, count(via_text) > 0 AS via_text, collect(names) AS name_lists
+ORDER BY score DESC, ep.created_at DESC
+LIMIT $limit
+WITH collect(ep {{.id, .user_id, .session_id, .summary, .created_at, .occurred_at, .extraction,
+                 score: score, via_text: via_text,
+                 via_entities: reduce(acc = [], l IN name_lists | acc + l)}}) AS episodes,
+     collect(ep) AS eps
+CALL (eps) {{
+  UNWIND eps AS ep
+  MATCH (ep)-[:MENTIONS]->(n:Entity)
+  RETURN collect(DISTINCT n) AS ents
+}}
+CALL (ents) {{
   UNWIND ents AS a
   MATCH (a)-[r:RELATED_TO]->(b:Entity)
   WHERE b IN ents AND r.user_id = $user_id
   WITH r, a, b ORDER BY r.weight DESC LIMIT $max_relations
-  RETURN collect({user_id: r.user_id, source: a.name, target: b.name, description: r.description,
-                  weight: r.weight}) AS relations
-}
+  RETURN collect({{user_id: r.user_id, source: a.name, target: b.name, description: r.description,
+                  weight: r.weight}}) AS relations
+}}
 RETURN episodes,
-       [n IN ents | n {.uid, .user_id, .name, .type, .description, .mentions}] AS entities,
+       [n IN ents | n {{.uid, .user_id, .name, .type, .description, .mentions}}] AS entities,
        relations
 """
 

@@ -8,14 +8,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from neo4j import Driver, GraphDatabase, ManagedTransaction, Query, Session
+from neo4j import READ_ACCESS, Driver, GraphDatabase, ManagedTransaction, Query, Session
 from neo4j.exceptions import ClientError
 
 from worker.errors import StoreRequestError
 from worker.graph import cypher
 from worker.graph.errors import translated
 from worker.graph.lucene import build_query
-from worker.graph.params import build_save_params
+from worker.graph.params import EpisodeWrite, build_save_params
 from worker.identity import user_tag
 from worker.models import (
     DeleteReport,
@@ -29,10 +29,11 @@ from worker.models import (
     SaveResult,
     StoreStats,
 )
-from worker.ranking import reciprocal_rank_fusion
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
+
+RRF_K = 60  # reciprocal rank fusion constant (Cormack et al.): damps the weight of the very first ranks
 
 _SCHEMA_RACE_CODES = ("EquivalentSchemaRuleAlreadyExists", "IndexAlreadyExists", "ConstraintAlreadyExists")
 
@@ -84,6 +85,9 @@ class Neo4jGraphStore:
     def _session(self) -> Session:
         return self._driver.session(database=self._database)
 
+    def _read_session(self) -> Session:
+        return self._driver.session(database=self._database, default_access_mode=READ_ACCESS)
+
     def close(self) -> None:
         self._driver.close()
 
@@ -104,32 +108,58 @@ class Neo4jGraphStore:
     def save_episode(
         self, record: EpisodeRecord, entities: Sequence[Entity], relationships: Sequence[Relationship]
     ) -> SaveResult:
-        params = build_save_params(record, entities, relationships)
+        return self.save_episodes([(record, entities, relationships)])[0]
+
+    def save_episodes(self, writes: Sequence[EpisodeWrite]) -> list[SaveResult]:
+        """Several episodes in one transaction: the fulltext-index refresh and the commit are paid once.
+
+        An episode whose id is already stored is left as it is (created=False); one whose id belongs to
+        another user is refused with StoreRequestError and nothing of the batch is written.
+        """
+        if not writes:
+            return []
+        first: dict[str, EpisodeWrite] = {}
+        for write in writes:
+            first.setdefault(write[0].id, write)  # the same episode twice in one batch is saved once
+        params = build_save_params(list(first.values()))
         token = uuid.uuid4().hex
         now = datetime.now(UTC)
+        owners = {episode_id: write[0].user_id for episode_id, write in first.items()}
 
-        def work(tx: ManagedTransaction) -> SaveResult:
-            claim = tx.run(cypher.CLAIM_EPISODE, episode=params.episode, token=token).single(strict=True)
-            if claim["user_id"] != record.user_id:
-                raise StoreRequestError(f"episode {record.id} already belongs to another user")
-            if not claim["created"]:
-                return SaveResult(episode_id=record.id, created=False)
-            common: dict[str, Any] = {"episode_id": record.id, "user_id": record.user_id, "now": now}
-            n_entities = 0
-            if params.entities:
-                n_entities = tx.run(
-                    cypher.SAVE_ENTITIES, entities=params.entities, user_tag=user_tag(record.user_id), **common
-                ).single(strict=True)["entities"]
-            n_relationships = 0
-            if params.relationships:
-                n_relationships = tx.run(
-                    cypher.SAVE_RELATIONSHIPS, relationships=params.relationships, **common
-                ).single(strict=True)["relationships"]
-            tx.run(cypher.RELEASE_CLAIM, episode_id=record.id).consume()
-            return SaveResult(episode_id=record.id, created=True, entities=n_entities, relationships=n_relationships)
+        def work(tx: ManagedTransaction) -> dict[str, SaveResult]:
+            claims = list(tx.run(cypher.CLAIM_EPISODES, episodes=params.episodes, token=token))
+            foreign = [c["id"] for c in claims if c["user_id"] != owners[c["id"]]]
+            if foreign:
+                raise StoreRequestError(f"episode {foreign[0]} already belongs to another user")
+            created = {c["id"] for c in claims if c["created"]}
+            results = {c["id"]: SaveResult(episode_id=c["id"], created=c["id"] in created) for c in claims}
+            if not created:
+                return results
+            entity_rows = [row for row in params.entities if row["episode_id"] in created]
+            relationship_rows = [row for row in params.relationships if row["episode_id"] in created]
+            n_entities = self._counts(tx, cypher.SAVE_ENTITIES, entity_rows, now)
+            n_relationships = self._counts(tx, cypher.SAVE_RELATIONSHIPS, relationship_rows, now)
+            tx.run(cypher.RELEASE_CLAIMS, ids=sorted(created)).consume()
+            for episode_id in created:
+                results[episode_id] = SaveResult(
+                    episode_id=episode_id,
+                    created=True,
+                    entities=n_entities.get(episode_id, 0),
+                    relationships=n_relationships.get(episode_id, 0),
+                )
+            return results
 
-        with translated("save_episode"), self._session() as session:
-            return session.execute_write(work)
+        with translated("save_episodes"), self._session() as session:
+            by_id = session.execute_write(work)
+        return [
+            by_id[w[0].id] if first[w[0].id] is w else SaveResult(episode_id=w[0].id, created=False) for w in writes
+        ]
+
+    @staticmethod
+    def _counts(tx: ManagedTransaction, statement: str, rows: list[dict[str, Any]], now: datetime) -> dict[str, int]:
+        if not rows:
+            return {}
+        return {r["id"]: r["n"] for r in tx.run(statement, rows=rows, now=now)}
 
     # --- read --------------------------------------------------------------------------------------
 
@@ -138,54 +168,38 @@ class Neo4jGraphStore:
         if query is None or limit <= 0:
             return MemoryContext()
         k = max(limit * 4, 20)
-
-        def work(tx: ManagedTransaction) -> MemoryContext:
-            row = tx.run(cypher.SEARCH_CANDIDATES, lucene=query, k=k, user_id=user_id).single(strict=True)
-            by_text = [(r[0], _native(r[2])) for r in row["by_text"]]
-            by_entity = {r[0]: list(r[3]) for r in row["by_entity"]}
-            created = dict(by_text) | {r[0]: _native(r[2]) for r in row["by_entity"]}
-            fused = reciprocal_rank_fusion([[i for i, _ in by_text], list(by_entity)])
-            ranked = sorted(fused, key=lambda i: (fused[i], created[i]), reverse=True)[:limit]
-            if not ranked:
-                return MemoryContext()
-            detail = tx.run(cypher.HYDRATE, ids=ranked, user_id=user_id, max_relations=limit * 4).single(strict=True)
-            return self._context(ranked, fused, {i for i, _ in by_text}, by_entity, detail, limit)
-
-        with translated("search"), self._session() as session:
-            return session.execute_read(work)
+        with translated("search"), self._read_session() as session:
+            row = session.run(
+                cypher.SEARCH,
+                lucene=query,
+                k=k,
+                limit=limit,
+                rrf_k=RRF_K,
+                user_id=user_id,
+                max_relations=limit * 4,
+            ).single(strict=False)
+        if row is None:  # no candidates at all
+            return MemoryContext()
+        return self._context(row, limit)
 
     @staticmethod
-    def _context(
-        ranked: list[str],
-        fused: dict[str, float],
-        text_hits: set[str],
-        entity_hits: dict[str, list[str]],
-        detail: Any,
-        limit: int,
-    ) -> MemoryContext:
-        episodes = {e["id"]: e for e in detail["episodes"]}
-        hits = []
-        for episode_id in ranked:
-            e = episodes.get(episode_id)
-            if e is None:  # deleted between the two reads
-                continue
-            matched = (["text"] if episode_id in text_hits else []) + [
-                f"entity:{name}" for name in entity_hits.get(episode_id, [])
-            ]
-            hits.append(
-                EpisodeHit(
-                    id=e["id"],
-                    user_id=e["user_id"],
-                    session_id=e["session_id"],
-                    summary=e["summary"] or "",
-                    created_at=_native(e["created_at"]),
-                    occurred_at=_native(e["occurred_at"]),
-                    extraction=e["extraction"] or "",
-                    score=fused[episode_id],
-                    matched_by=matched,
-                )
+    def _context(row: Any, limit: int) -> MemoryContext:
+        hits = [
+            EpisodeHit(
+                id=e["id"],
+                user_id=e["user_id"],
+                session_id=e["session_id"],
+                summary=e["summary"] or "",
+                created_at=_native(e["created_at"]),
+                occurred_at=_native(e["occurred_at"]),
+                extraction=e["extraction"] or "",
+                score=e["score"],
+                matched_by=(["text"] if e["via_text"] else [])
+                + [f"entity:{n}" for n in dict.fromkeys(e["via_entities"])],
             )
-        entities = sorted(detail["entities"], key=lambda n: -(n["mentions"] or 0))[: limit * 4]
+            for e in row["episodes"]
+        ]
+        entities = sorted(row["entities"], key=lambda n: -(n["mentions"] or 0))[: limit * 4]
         return MemoryContext(
             related_episodes=hits,
             related_entities=[
@@ -199,7 +213,7 @@ class Neo4jGraphStore:
                 )
                 for n in entities
             ],
-            related_relations=[RelationHit(**r) for r in detail["relations"]],
+            related_relations=[RelationHit(**r) for r in row["relations"]],
         )
 
     # --- erase, health, counts ---------------------------------------------------------------------
@@ -243,7 +257,5 @@ class Neo4jGraphStore:
 
     def run_bare_fulltext(self, query: str, k: int) -> list[str]:
         """The bare episode fulltext query (benchmarks use it as the latency floor)."""
-        with translated("bare_fulltext"), self._session() as session:
-            return session.execute_read(
-                lambda tx: [r["id"] for r in tx.run(cypher.BARE_EPISODE_FULLTEXT, lucene=query, k=k)]
-            )
+        with translated("bare_fulltext"), self._read_session() as session:
+            return [r["id"] for r in session.run(cypher.BARE_EPISODE_FULLTEXT, lucene=query, k=k)]

@@ -12,7 +12,9 @@ from worker.models import Entity, EpisodeRecord, Relationship
 
 @dataclass(frozen=True)
 class SaveParams:
-    episode: dict[str, Any]
+    """Rows for the UNWIND statements of one save transaction; each row names its episode and user."""
+
+    episodes: list[dict[str, Any]]
     entities: list[dict[str, Any]]
     relationships: list[dict[str, Any]]
 
@@ -21,12 +23,31 @@ def _key(name: str) -> str:
     return normalize_name(name) or name.strip()
 
 
-def build_save_params(
+EpisodeWrite = tuple[EpisodeRecord, Sequence[Entity], Sequence[Relationship]]
+
+
+def build_save_params(writes: Sequence[EpisodeWrite]) -> SaveParams:
+    """All rows of a batch, sorted so that concurrent transactions lock shared nodes in the same order."""
+    episodes, entities, relationships = [], [], []
+    for record, ents, rels in writes:
+        episode, entity_rows, relationship_rows = _episode_rows(record, ents, rels)
+        episodes.append(episode)
+        entities.extend(entity_rows)
+        relationships.extend(relationship_rows)
+    return SaveParams(
+        episodes=sorted(episodes, key=lambda e: e["id"]),
+        entities=sorted(entities, key=lambda e: (e["uid"], e["episode_id"])),
+        relationships=sorted(relationships, key=lambda r: (r["source_uid"], r["target_uid"], r["episode_id"])),
+    )
+
+
+def _episode_rows(
     record: EpisodeRecord, entities: Sequence[Entity], relationships: Sequence[Relationship]
-) -> SaveParams:
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """Entities are merged on their normalised key; a relationship end that is not among the entities
     becomes an entity of type 'other' (nothing is dropped); repeated relationships add their weights."""
     user_id = record.user_id
+    tag = user_tag(user_id)
     by_key: dict[str, dict[str, Any]] = {}
 
     def add(name: str, type_: str, description: str) -> str:
@@ -34,6 +55,9 @@ def build_save_params(
         known = by_key.get(key)
         if known is None:
             by_key[key] = {
+                "episode_id": record.id,
+                "user_id": user_id,
+                "user_tag": tag,
                 "uid": entity_uid(user_id, key),
                 "key": key,
                 "name": name.strip(),
@@ -56,6 +80,8 @@ def build_save_params(
         merged = rels.get((source, target))
         if merged is None:
             rels[(source, target)] = {
+                "episode_id": record.id,
+                "user_id": user_id,
                 "source_uid": by_key[source]["uid"],
                 "target_uid": by_key[target]["uid"],
                 "description": rel.description,
@@ -67,8 +93,5 @@ def build_save_params(
                 merged["description"] = rel.description
 
     episode = record.model_dump()
-    episode["user_tag"] = user_tag(user_id)
-    # Sorted so that concurrent transactions lock shared entities in the same order (fewer deadlocks).
-    ordered = sorted(by_key.values(), key=lambda e: e["uid"])
-    ordered_rels = sorted(rels.values(), key=lambda r: (r["source_uid"], r["target_uid"]))
-    return SaveParams(episode=episode, entities=ordered, relationships=ordered_rels)
+    episode["user_tag"] = tag
+    return episode, list(by_key.values()), list(rels.values())

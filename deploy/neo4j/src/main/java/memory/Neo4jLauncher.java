@@ -2,6 +2,7 @@ package memory;
 
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.Map;
 import java.util.concurrent.CountDownLatch;
 import org.neo4j.configuration.GraphDatabaseSettings;
 import org.neo4j.configuration.connectors.BoltConnector;
@@ -10,6 +11,7 @@ import org.neo4j.configuration.connectors.HttpsConnector;
 import org.neo4j.configuration.helpers.SocketAddress;
 import org.neo4j.dbms.api.DatabaseManagementService;
 import org.neo4j.dbms.api.DatabaseManagementServiceBuilder;
+import org.neo4j.graphdb.QueryExecutionException;
 import org.neo4j.io.ByteUnit;
 
 /**
@@ -39,11 +41,15 @@ public final class Neo4jLauncher {
                 .setConfig(GraphDatabaseSettings.auth_enabled, !password.isEmpty())
                 .build();
 
-        if (!password.isEmpty()) {
-            // The password is (re)applied at every start so that the file services.sh keeps stays the truth.
-            dbms.database("system").executeTransactionally(
-                    "ALTER USER neo4j SET PASSWORD $pw CHANGE NOT REQUIRED",
-                    java.util.Map.of("pw", password));
+        try {
+            if (!password.isEmpty()) {
+                setPassword(dbms, password);
+            }
+            dbms.database(GraphDatabaseSettings.DEFAULT_DATABASE_NAME).executeTransactionally("RETURN 1");
+        } catch (RuntimeException e) {
+            e.printStackTrace();
+            dbms.shutdown();
+            System.exit(1);
         }
 
         CountDownLatch stopped = new CountDownLatch(1);
@@ -51,10 +57,21 @@ public final class Neo4jLauncher {
             dbms.shutdown();
             stopped.countDown();
         }, "neo4j-shutdown"));
-        dbms.database(GraphDatabaseSettings.DEFAULT_DATABASE_NAME).executeTransactionally("RETURN 1");
         System.out.println("neo4j-launcher: ready, bolt on 127.0.0.1:" + port + " data=" + home);
         System.out.flush();
         stopped.await();
+    }
+
+    /** Applies the password kept by services.sh at every start, so that file stays the truth. */
+    private static void setPassword(DatabaseManagementService dbms, String password) {
+        try {
+            dbms.database("system").executeTransactionally(
+                    "ALTER USER neo4j SET PASSWORD $pw CHANGE NOT REQUIRED", Map.of("pw", password));
+        } catch (QueryExecutionException e) {
+            if (e.getMessage() == null || !e.getMessage().contains("cannot be the same")) {
+                throw e;
+            }
+        }
     }
 
     private static String env(String name, String fallback) {

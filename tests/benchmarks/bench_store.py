@@ -1,0 +1,147 @@
+"""Graph-store benchmark: save throughput, and search latency against the bare fulltext floor at 10k and 100k.
+
+    make bench            (or: .venv/bin/python -m tests.benchmarks.bench_store)
+
+Targets (issue 2): save ≥ 300 episodes/s in one process; search p95 ≤ 3× the bare fulltext p95;
+search p95 at 100k ≤ 1.5× p95 at 10k. Data: 1k users `bench-u####`, cleared at the start of every run.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from tests.benchmarks.common import Corpus, latency_ms, timed, write_results
+from tests.services import load_services_env
+from worker.graph.lucene import build_query
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.graph.params import EpisodeWrite
+from worker.identity import user_tag
+from worker.models import Entity, EpisodeRecord, Relationship
+from worker.settings import Settings
+
+USERS = 1000
+BATCH = 200
+QUERIES = 400
+WARMUP = 50
+
+
+def episode(corpus: Corpus, user: int, n: int, run: str = "") -> EpisodeWrite:
+    """Deterministic in (user, n, run), so a query can be built from any stored episode later."""
+    rng = random.Random(f"{user}/{n}/{run}")
+    user_id = f"bench-u{user:04d}"
+    own_names = corpus.names[(user * 7) % 2900 : (user * 7) % 2900 + 40]
+    names = rng.sample(own_names, 5)
+    record = EpisodeRecord(
+        id=f"bench-{run}ep-{user:04d}-{n:06d}",
+        user_id=user_id,
+        session_id=f"s{n % 10}",
+        summary=f"{names[0]} {corpus.sentence(rng, 8)}",
+        content=f"{names[0]} and {names[1]} {corpus.sentence(rng, 40)}",
+        extraction="offline",
+        model="offline",
+        message_count=4,
+    )
+    entities = [Entity(name=x, type="person", description=corpus.sentence(rng, 6)) for x in names]
+    rels = [Relationship(source=names[i], target=names[(i + 1) % 5], weight=0.5) for i in range(5)]
+    return record, entities, rels
+
+
+def bench_saves(store: Neo4jGraphStore, corpus: Corpus) -> dict[str, object]:
+    run = f"{int(time.time())}-"
+    sequential = [episode(corpus, 2000 + i % 50, i, run + "seq") for i in range(300)]
+    threaded = [episode(corpus, 2000 + i % 50, i, run + "thr") for i in range(1200)]
+    batched = [episode(corpus, 2000 + i % 50, i, run + "bat") for i in range(4000)]
+    out: dict[str, object] = {}
+    seconds = timed(lambda: [store.save_episode(*w) for w in sequential])
+    out["one_per_transaction_1_thread_eps"] = round(len(sequential) / seconds, 1)
+    with ThreadPoolExecutor(8) as pool:
+        seconds = timed(lambda: list(pool.map(lambda w: store.save_episode(*w), threaded)))
+    out["one_per_transaction_8_threads_eps"] = round(len(threaded) / seconds, 1)
+    chunks = [batched[i : i + BATCH] for i in range(0, len(batched), BATCH)]
+    seconds = timed(lambda: [store.save_episodes(c) for c in chunks])
+    out[f"batches_of_{BATCH}_1_thread_eps"] = round(len(batched) / seconds, 1)
+    out["shape"] = "5 entities + 5 relationships per episode"
+    for user in range(2000, 2050):
+        store.delete_user(f"bench-u{user:04d}")
+    return out
+
+
+def load(store: Neo4jGraphStore, corpus: Corpus, total: int) -> None:
+    """Top the bench users up to `total` episodes, spread evenly."""
+    per_user = total // USERS
+    have = store.stats(f"bench-u{USERS - 1:04d}").episodes
+    if have >= per_user:
+        return
+    started = time.perf_counter()
+    writes = [episode(corpus, u, n) for n in range(have, per_user) for u in range(USERS)]
+    for i in range(0, len(writes), BATCH):
+        store.save_episodes(writes[i : i + BATCH])
+    print(f"loaded {len(writes)} episodes in {time.perf_counter() - started:.1f} s")
+
+
+def queries(corpus: Corpus, per_user: int) -> list[tuple[str, list[str], str]]:
+    rng = random.Random(11)
+    out = []
+    for _ in range(QUERIES + WARMUP):
+        user = rng.randrange(USERS)
+        record, entities, _ = episode(corpus, user, rng.randrange(per_user))
+        words = [*rng.sample((record.content or "").split()[2:], 2), entities[0].name]
+        out.append((record.user_id, words, " ".join(words)))
+    return out
+
+
+def bench_search(store: Neo4jGraphStore, corpus: Corpus, total: int) -> dict[str, Any]:
+    load(store, corpus, total)
+    search_s, floor_s, hits = [], [], 0
+    for i, (user_id, keywords, text) in enumerate(queries(corpus, total // USERS)):
+        lucene = build_query(user_tag(user_id), keywords, text)
+        assert lucene is not None
+        a = timed(lambda u=user_id, k=keywords, t=text: store.search(u, k, t, 5))  # type: ignore[misc]
+        b = timed(lambda q=lucene: store.run_bare_fulltext(q, 20))  # type: ignore[misc]
+        if i >= WARMUP:
+            search_s.append(a)
+            floor_s.append(b)
+            hits += bool(store.search(user_id, keywords, text, 5).related_episodes)
+    search, floor = latency_ms(search_s), latency_ms(floor_s)
+    return {
+        "episodes": total,
+        "users": USERS,
+        "search": search,
+        "bare_fulltext_floor": floor,
+        "p95_ratio_to_floor": round(search["p95_ms"] / floor["p95_ms"], 2),
+        "queries_with_results": hits,
+    }
+
+
+def _p95(result: dict[str, Any]) -> float:
+    return float(result["search"]["p95_ms"])
+
+
+def main() -> None:
+    load_services_env()
+    store = Neo4jGraphStore.from_settings(Settings.load())
+    store.ensure_schema()
+    corpus = Corpus()
+    started = time.perf_counter()
+    for user in range(USERS):  # start from an empty bench population so the 10k figure is measured at 10k
+        store.delete_user(f"bench-u{user:04d}")
+    print(f"cleared bench users in {time.perf_counter() - started:.1f} s")
+    results: dict[str, object] = {"save": bench_saves(store, corpus)}
+    at_10k = bench_search(store, corpus, 10_000)
+    at_100k = bench_search(store, corpus, 100_000)
+    results["search_10k"], results["search_100k"] = at_10k, at_100k
+    results["p95_100k_over_10k"] = round(_p95(at_100k) / _p95(at_10k), 2)
+    results["targets"] = {
+        "save_eps_min": 300,
+        "p95_ratio_to_floor_max": 3.0,
+        "p95_100k_over_10k_max": 1.5,
+    }
+    write_results("bench_store", results)
+    store.close()
+
+
+if __name__ == "__main__":
+    main()
