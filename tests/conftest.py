@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.llm_standin import StandIn
 from tests.services import load_services_env, services
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.settings import Settings
@@ -47,3 +48,22 @@ def neo4j_restorer() -> Iterator[None]:
     """For tests that stop Neo4j: it is running again when the test ends, whatever happened."""
     yield
     services("up", "neo4j")
+
+
+@pytest.fixture
+def standin() -> Iterator[StandIn]:
+    server = StandIn().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def llm_settings(standin: StandIn) -> Settings:
+    return Settings.load(
+        llm_model="openai/stand-in", llm_api_base=standin.url, llm_api_key="sk-stand-in", llm_timeout_s=2.0
+    )
+
+
+@pytest.fixture
+def standin_slow_settings(llm_settings: Settings) -> Settings:
+    return llm_settings.model_copy(update={"llm_timeout_s": 1.0})

@@ -5,6 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis
+
+if TYPE_CHECKING:
+    RedisClient = redis.Redis[bytes]
+else:  # redis.Redis is generic only in its type stubs
+    RedisClient = redis.Redis
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES_SH = ROOT / "deploy" / "local" / "services.sh"

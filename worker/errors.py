@@ -42,3 +42,14 @@ class StoreUnavailable(StoreError):
 
 class StoreRequestError(StoreError):
     """The store refused the request itself (bad query, constraint, auth): retrying will not help."""
+
+
+class LLMError(MemoryServiceError):
+    """An LLM call failed. `transient` says whether a later retry can help; `retry_after_s` is the
+    provider's own hint (Retry-After), when it sent one."""
+
+    def __init__(self, message: str, *, transient: bool, cause: str, retry_after_s: float | None = None) -> None:
+        self.transient = transient
+        self.cause = cause
+        self.retry_after_s = retry_after_s
+        super().__init__(message)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.errors import SettingsError
 
@@ -31,7 +32,31 @@ class Settings(BaseSettings):
     )
     neo4j_pool_size: int = Field(20, ge=1, le=500, description="Bolt connections per process.")
 
-    llm_model: str = Field("offline", description="litellm model string; 'offline' is the local extractor.")
+    llm_model: str = Field(
+        "offline", min_length=1, description="litellm model string; 'offline' is the local deterministic extractor."
+    )
+    llm_fallback_models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated models tried in order when the primary fails with a transient or provider error.",
+    )
+    llm_api_base: str | None = Field(None, description="Base URL for the LLM provider (OpenAI-compatible servers).")
+    llm_api_key: SecretStr | None = Field(None, description="API key passed to litellm (else the provider's own env).")
+    llm_timeout_s: float = Field(60.0, gt=0, le=600, description="Timeout of one LLM call.")
+    llm_max_tokens: int = Field(2000, ge=64, le=100_000, description="Most tokens the LLM may answer with.")
+    llm_structured_output: Literal["auto", "json_schema", "json_object"] = Field(
+        "auto",
+        description="auto: JSON schema where litellm says the model supports it, else JSON mode with the schema "
+        "in the prompt.",
+    )
+    llm_requests_per_minute: int = Field(
+        0, ge=0, le=1_000_000, description="LLM calls per minute shared by all processes (0: no limit)."
+    )
+    prompt_extraction_file: Path | None = Field(None, description="File whose text replaces the extraction prompt.")
+    prompt_keywords_file: Path | None = Field(None, description="File whose text replaces the keywords prompt.")
+    max_keywords: int = Field(8, ge=1, le=64, description="Most keywords used for one recall query.")
+    llm_keywords_enabled: bool = Field(False, description="Ask the LLM for recall keywords (within the budget).")
+    keywords_budget_ms: int = Field(300, ge=1, le=60_000, description="Time allowed for LLM keywords in recall.")
+    keywords_cache_ttl_s: int = Field(86_400, ge=1, description="How long LLM keywords stay cached in Redis.")
     recall_limit: int = Field(5, ge=1, le=100, description="Episodes returned by recall when no limit is given.")
 
     max_messages: int = Field(500, ge=1, le=100_000, description="Most messages accepted in one episode.")
@@ -43,6 +68,20 @@ class Settings(BaseSettings):
     store_content: bool = Field(
         True, description="Keep the conversation text on the episode (off: only the summary is stored)."
     )
+
+    @field_validator("llm_fallback_models", mode="before")
+    @classmethod
+    def _split_models(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [m.strip() for m in value.split(",") if m.strip()]
+        return value
+
+    @field_validator("prompt_extraction_file", "prompt_keywords_file")
+    @classmethod
+    def _readable(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"no such file: {value}")
+        return value
 
     @field_validator("redis_url")
     @classmethod

@@ -1,0 +1,139 @@
+"""Extraction through litellm against the stand-in server over real HTTP: answers, re-ask, degraded,
+error classification, timeout, fallback — and the number of calls the server saw in each case."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.llm_standin import Reply, StandIn, answer
+from worker.errors import LLMError
+from worker.extraction import extract
+from worker.llm.client import LLMClient
+from worker.models import Message
+from worker.settings import Settings
+
+CONVERSATION = [
+    Message(role="user", content="My sister Anna moved to Lisbon. She works at Acme Corp."),
+    Message(role="assistant", content="That sounds exciting!"),
+]
+GOOD = {
+    "summary": "The user's sister Anna moved to Lisbon and works at Acme Corp.",
+    "entities": [
+        {"name": "Anna", "type": "person", "description": "The user's sister"},
+        {"name": "Lisbon", "type": "place", "description": "Where Anna moved"},
+        {"name": "Acme Corp", "type": "organization", "description": "Anna's employer"},
+    ],
+    "relationships": [
+        {"source": "Anna", "target": "Lisbon", "description": "lives in", "weight": 0.9},
+        {"source": "Anna", "target": "Acme Corp", "description": "works at", "weight": 0.8},
+    ],
+}
+
+
+def test_correct_answer(standin: StandIn, llm_settings: Settings) -> None:
+    standin.push(answer(GOOD))
+    extraction = extract(CONVERSATION, settings=llm_settings)
+    assert standin.calls == 1
+    assert extraction.kind == "llm" and extraction.model == "openai/stand-in"
+    assert extraction.result.summary == GOOD["summary"]
+    assert [e.name for e in extraction.result.entities] == ["Anna", "Lisbon", "Acme Corp"]
+    assert extraction.result.relationships[0].weight == 0.9
+    assert extraction.prompt_version == "extraction@v1"
+    assert (extraction.usage.calls, extraction.usage.prompt_tokens, extraction.usage.completion_tokens) == (1, 120, 30)
+    sent = standin.requests[0]
+    assert sent["model"] == "stand-in"
+    assert "Anna moved to Lisbon" in sent["messages"][-1]["content"]
+    assert sent["response_format"]["type"] in ("json_object", "json_schema")
+
+
+def test_answer_in_markdown_fences_is_accepted(standin: StandIn, llm_settings: Settings) -> None:
+    standin.push(Reply(content="```json\n" + json.dumps(GOOD) + "\n```"))
+    extraction = extract(CONVERSATION, settings=llm_settings)
+    assert extraction.kind == "llm" and len(extraction.result.entities) == 3
+    assert standin.calls == 1
+
+
+def test_invalid_json_then_valid_reask(standin: StandIn, llm_settings: Settings) -> None:
+    standin.push(Reply(content='{"summary": "Anna moved", "entities": [ oops'), answer(GOOD))
+    extraction = extract(CONVERSATION, settings=llm_settings)
+    assert standin.calls == 2
+    assert extraction.kind == "llm" and extraction.usage.calls == 2
+    reask = standin.requests[1]["messages"]
+    assert reask[-2] == {"role": "assistant", "content": '{"summary": "Anna moved", "entities": [ oops'}
+    assert "could not be used" in reask[-1]["content"]
+
+
+def test_wrong_schema_twice_degrades_and_keeps_the_text(standin: StandIn, llm_settings: Settings) -> None:
+    standin.push(answer({"facts": ["x"]}), answer({"entities": "not a list"}))
+    extraction = extract(CONVERSATION, settings=llm_settings)
+    assert standin.calls == 2
+    assert extraction.kind == "degraded"
+    assert extraction.result.entities == [] and extraction.result.relationships == []
+    assert "Anna moved to Lisbon" in extraction.result.summary
+
+
+def test_rate_limited_is_transient_with_the_retry_after(standin: StandIn, llm_settings: Settings) -> None:
+    standin.push(Reply(status=429, content="slow down", headers={"Retry-After": "7"}))
+    with pytest.raises(LLMError) as info:
+        extract(CONVERSATION, settings=llm_settings)
+    assert info.value.transient and info.value.retry_after_s == 7.0
+    assert standin.calls == 1  # no hidden retry
+
+
+def test_server_error_is_transient(standin: StandIn, llm_settings: Settings) -> None:
+    standin.push(Reply(status=500, content="boom"))
+    with pytest.raises(LLMError) as info:
+        extract(CONVERSATION, settings=llm_settings)
+    assert info.value.transient
+    assert standin.calls == 1
+
+
+def test_authentication_failure_is_permanent(standin: StandIn, llm_settings: Settings) -> None:
+    standin.push(Reply(status=401, content="bad key"))
+    with pytest.raises(LLMError) as info:
+        extract(CONVERSATION, settings=llm_settings)
+    assert not info.value.transient
+    assert standin.calls == 1
+
+
+def test_reply_slower_than_the_timeout(standin: StandIn, standin_slow_settings: Settings) -> None:
+    standin.push(Reply(content=json.dumps(GOOD), delay_s=3.0))
+    with pytest.raises(LLMError) as info:
+        extract(CONVERSATION, settings=standin_slow_settings)
+    assert info.value.transient
+    assert standin.calls == 1
+
+
+def test_fallback_model_answers_when_the_primary_fails(standin: StandIn, llm_settings: Settings) -> None:
+    settings = llm_settings.model_copy(update={"llm_fallback_models": ["openai/stand-in-backup"]})
+    standin.push(Reply(status=503, content="overloaded"), answer(GOOD))
+    extraction = extract(CONVERSATION, settings=settings)
+    assert [r["model"] for r in standin.requests] == ["stand-in", "stand-in-backup"]
+    assert extraction.kind == "llm" and extraction.model == "openai/stand-in-backup"
+
+
+def test_all_models_failing_reports_the_longest_retry_hint(standin: StandIn, llm_settings: Settings) -> None:
+    settings = llm_settings.model_copy(update={"llm_fallback_models": ["openai/stand-in-backup"]})
+    standin.push(Reply(status=429, headers={"Retry-After": "3"}), Reply(status=429, headers={"Retry-After": "9"}))
+    with pytest.raises(LLMError) as info:
+        LLMClient(settings).complete(lambda _: [{"role": "user", "content": "hi"}], Message)
+    assert info.value.transient and info.value.retry_after_s == 9.0
+    assert standin.calls == 2
+
+
+CHINESE = [Message(role="user", content="我上个月和张伟一起去了北京，北京的冬天很冷。")]
+
+
+def test_chinese_conversation_through_the_stand_in(standin: StandIn, llm_settings: Settings) -> None:
+    good = {
+        "summary": "用户上个月和张伟去了北京，觉得北京冬天很冷。",
+        "entities": [{"name": "张伟", "type": "person"}, {"name": "北京", "type": "place"}],
+        "relationships": [{"source": "张伟", "target": "北京", "description": "去过", "weight": 0.7}],
+    }
+    standin.push(answer(good))
+    extraction = extract(CHINESE, settings=llm_settings)
+    assert "张伟一起去了北京" in standin.requests[0]["messages"][-1]["content"]
+    assert extraction.result.summary == good["summary"]
+    assert {(e.name, e.type) for e in extraction.result.entities} == {("张伟", "person"), ("北京", "place")}

@@ -1,0 +1,143 @@
+"""Keywords for recall: local extraction always; LLM keywords only when enabled, within a time budget,
+cached per user in Redis. When nothing is extracted, the query text itself is the keyword."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from worker.identity import user_tag
+from worker.keys import keywords_cache
+from worker.llm.answer import parse_answer
+from worker.llm.client import LLMClient
+from worker.offline import MODEL_NAME as OFFLINE
+from worker.prompts import keywords as prompt
+from worker.prompts.template import PromptTemplate
+from worker.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_CJK_RUN = re.compile(r"[\u4e00-\u9fff]+")
+_LATIN_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’_-]*")
+_ENGLISH_STOP = frozenset(
+    (
+        "a about above after again against all am an and any are as at be because been before being below "
+        "between both but by can could did do does doing down during each few for from further had has have "
+        "having he her here hers herself him himself his how i if in into is it its itself just know let like "
+        "me more most my myself no nor not now of off on once only or other our ours ourselves out over own "
+        "please remember same say said she should so some such tell than that the their theirs them "
+        "themselves then there these they this those through to too under until up very was we were what when "
+        "where which while who whom why will with would you your yours yourself yourselves did does anything "
+        "something thing things"
+    ).split()
+)
+
+Source = Literal["local", "local+llm", "local+cache"]
+
+
+@dataclass(frozen=True)
+class Keywords:
+    words: list[str]
+    source: Source
+    llm_timed_out: bool = False
+
+
+def local_keywords(query: str, max_keywords: int) -> list[str]:
+    """jieba TF-IDF keywords for Chinese, stopword-filtered words for English; the query itself if none."""
+    words: list[str] = []
+    if _CJK_RUN.search(query):
+        import jieba.analyse  # loaded on first use, not at import
+
+        words.extend(w for w in jieba.analyse.extract_tags(query, topK=max_keywords) if _CJK_RUN.search(w))
+    for match in _LATIN_WORD.finditer(query):
+        word = match.group(0).lower().strip("'’-_")
+        if len(word) > 1 and word not in _ENGLISH_STOP:
+            words.append(word)
+    unique = list(dict.fromkeys(words))[:max_keywords]
+    return unique or [query.strip()]
+
+
+def merge(first: list[str], second: list[str], limit: int) -> list[str]:
+    seen: dict[str, str] = {}
+    for word in [*first, *second]:
+        seen.setdefault(word.casefold(), word)
+    return list(seen.values())[:limit]
+
+
+class KeywordExtractor:
+    """One per process (it owns a small thread pool for LLM calls that may outlive their budget)."""
+
+    def __init__(self, settings: Settings, redis: Any | None = None, llm: LLMClient | None = None) -> None:
+        self._settings = settings
+        self._redis = redis
+        self._llm = llm
+        self._template = PromptTemplate.load(prompt.DEFAULT, settings.prompt_keywords_file)
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def llm_enabled(self) -> bool:
+        return self._settings.llm_keywords_enabled and self._settings.llm_model != OFFLINE
+
+    def keywords(self, user_id: str, query: str, budget_ms: int | None = None) -> Keywords:
+        limit = self._settings.max_keywords
+        local = local_keywords(query, limit)
+        if not self.llm_enabled:
+            return Keywords(local, "local")
+        key = keywords_cache(user_tag(user_id), self._digest(query))
+        cached = self._cache_get(key)
+        if cached is not None:
+            return Keywords(merge(local, cached, limit), "local+cache")
+        future = self._submit(key, query)
+        budget_s = (budget_ms if budget_ms is not None else self._settings.keywords_budget_ms) / 1000
+        try:
+            from_llm = future.result(timeout=budget_s)
+        except FutureTimeout:
+            return Keywords(local, "local", llm_timed_out=True)  # the answer, when it comes, is cached
+        except Exception as exc:
+            log.warning("llm keywords failed", extra={"error_class": type(exc).__name__})
+            return Keywords(local, "local")
+        return Keywords(merge(local, from_llm, limit), "local+llm")
+
+    def _digest(self, query: str) -> str:
+        material = f"{self._settings.llm_model}\x1f{self._template.version}\x1f{query}"
+        return hashlib.sha256(material.encode("utf-8")).hexdigest()[:32]
+
+    def _submit(self, key: str, query: str) -> Future[list[str]]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llm-keywords")
+        return self._pool.submit(self._ask_and_cache, key, query)
+
+    def _ask_and_cache(self, key: str, query: str) -> list[str]:
+        client = self._llm or LLMClient(self._settings)
+        reply = client.complete(
+            lambda schema_in_prompt: prompt.build_messages(self._template, query, schema_in_prompt=schema_in_prompt),
+            prompt.ResponseModel,
+        )
+        answer = parse_answer(reply.text, prompt.KeywordsAnswer)
+        words = [w.strip() for w in answer.keywords if w.strip()]
+        if self._redis is not None:
+            try:
+                self._redis.set(key, json.dumps(words, ensure_ascii=False), ex=self._settings.keywords_cache_ttl_s)
+            except Exception as exc:  # the cache is an optimisation; recall goes on without it
+                log.warning("keyword cache write failed", extra={"error_class": type(exc).__name__})
+        return words
+
+    def _cache_get(self, key: str) -> list[str] | None:
+        if self._redis is None:
+            return None
+        try:
+            raw = self._redis.get(key)
+        except Exception as exc:
+            log.warning("keyword cache read failed", extra={"error_class": type(exc).__name__})
+            return None
+        return None if raw is None else list(json.loads(raw))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,165 @@
+"""The `offline` model: a deterministic local extractor that needs no network and no key.
+
+It is a fallback of lower quality than a real LLM: entities come from jieba part-of-speech tags (Chinese)
+and from capitalised spans and a few salient nouns (English); relationships are co-occurrence within a
+sentence, weighted by count; the summary is extractive (the sentences that mention the most entities).
+Its answer is JSON that goes through the same validation as an LLM's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from worker.models import Message
+
+MODEL_NAME = "offline"
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？；;])\s*|\n+")
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+_CAPITALISED = re.compile(r"\b[A-Z][\w'’&-]*(?:\s+(?:of\s+|de\s+|the\s+)?[A-Z][\w'’&-]*)*")
+_DETERMINED = re.compile(r"\b(?:my|our|his|her|their|your)\s+([a-z][a-z-]{2,})\b")
+_JIEBA_TYPES = {"nr": "person", "nrfg": "person", "nrt": "person", "ns": "place", "nt": "organization", "nz": "other"}
+
+_STOP = _words(
+    "i me my we our you your he she it they them his her their the a an and or but so if then this that "
+    "these those is are was were be been am do does did have has had can could will would shall should "
+    "may might must what which who whom whose when where why how hi hello hey yes no ok okay thanks thank "
+    "please sorry well also actually really just today yesterday tomorrow tonight now maybe sure great "
+    "good nice oh ah let lets let's monday tuesday wednesday thursday friday saturday sunday january "
+    "february march april june july august september october november december there here not all any "
+    "some very much many more most lot bit way time thing things stuff day days week weeks weekend year "
+    "years month months one two "
+)
+_PLACE_CUES = _words("in at to from near visit visited visiting moved move living live lives")
+_PERSON_CUES = _words(
+    "friend sister brother mother father mom dad wife husband son daughter boss colleague partner "
+    "girlfriend boyfriend grandma grandpa aunt uncle cousin named called with met "
+)
+_ORG_WORDS = re.compile(r"\b(?:Inc|Corp|Ltd|LLC|GmbH|University|College|Company|Bank|Hospital|School|Group)\b")
+_KIN = _words(
+    "sister brother mother father mom dad wife husband son daughter boss colleague partner girlfriend "
+    "boyfriend grandma grandpa aunt uncle cousin friend kids children "
+)
+MAX_ENTITIES = 20
+MAX_SALIENT = 6
+SUMMARY_SENTENCES = 3
+SUMMARY_CHARS = 400
+
+
+@dataclass
+class _Found:
+    name: str
+    type: str
+    first_sentence: str
+    count: int = 0
+
+
+def sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE_END.split(text) if s and s.strip()]
+
+
+def _english(sentence: str) -> Iterator[tuple[str, str]]:
+    for match in _CAPITALISED.finditer(sentence):
+        words = match.group(0).split()
+        while words and words[0].lower() in _STOP:
+            words = words[1:]
+        if not words:
+            continue
+        name = " ".join(words)
+        if len(words) == 1 and (len(name) < 2 or name.lower() in _STOP):
+            continue
+        before = sentence[: match.start()].split()[-1:]
+        cue = before[0].lower().strip(",") if before else ""
+        if _ORG_WORDS.search(name):
+            kind = "organization"
+        elif cue in _PERSON_CUES:
+            kind = "person"
+        elif cue in _PLACE_CUES:
+            kind = "place"
+        else:
+            kind = "other"
+        yield name, kind
+    for match in _DETERMINED.finditer(sentence.lower()):
+        noun = match.group(1)
+        if noun not in _STOP:
+            yield noun, "person" if noun in _KIN else "concept"
+
+
+def _chinese(sentence: str) -> Iterator[tuple[str, str]]:
+    import jieba.posseg  # imported on first use: the dictionary load is not import-time work
+
+    for pair in jieba.posseg.cut(sentence):
+        word, flag = pair.word.strip(), pair.flag
+        kind = _JIEBA_TYPES.get(flag)
+        if kind and len(word) >= 2 and _CJK.search(word):
+            yield word, kind
+
+
+def _entities_in(sentence: str) -> list[tuple[str, str]]:
+    found = list(_english(sentence))
+    if _CJK.search(sentence):
+        found.extend(_chinese(sentence))
+    return found
+
+
+def extract_offline(conversation: Sequence[Message]) -> str:
+    """The offline model's answer, as JSON text in the ExtractionResult shape."""
+    said = [m for m in conversation if m.role == "user"] or list(conversation)
+    all_sentences = [s for m in said for s in sentences(m.content)]
+    found: dict[str, _Found] = {}
+    per_sentence: list[list[str]] = []
+    salient = 0
+    for sentence in all_sentences:
+        keys: list[str] = []
+        for name, kind in _entities_in(sentence):
+            key = name.casefold()
+            if key not in found:
+                if len(found) >= MAX_ENTITIES or (kind == "concept" and salient >= MAX_SALIENT):
+                    continue
+                salient += kind == "concept"
+                found[key] = _Found(name, kind, sentence[:200])
+            found[key].count += 1
+            if key not in keys:
+                keys.append(key)
+        per_sentence.append(keys)
+
+    weights: dict[tuple[str, str], int] = {}
+    for keys in per_sentence:
+        for i, a in enumerate(keys):
+            for b in keys[i + 1 :]:
+                weights[(a, b)] = weights.get((a, b), 0) + 1
+
+    answer = {
+        "summary": summarize(all_sentences, per_sentence),
+        "entities": [{"name": f.name, "type": f.type, "description": f.first_sentence} for f in found.values()],
+        "relationships": [
+            {"source": found[a].name, "target": found[b].name, "description": "mentioned together", "weight": float(w)}
+            for (a, b), w in weights.items()
+        ],
+    }
+    return json.dumps(answer, ensure_ascii=False)
+
+
+def summarize(all_sentences: Sequence[str], per_sentence: Sequence[Sequence[str]] = ()) -> str:
+    """Extractive: the sentences naming the most entities (the first sentence gets a bonus), in order."""
+    if not all_sentences:
+        return ""
+    counts = list(per_sentence) or [[] for _ in all_sentences]
+    scored = sorted(range(len(all_sentences)), key=lambda i: (-(len(counts[i]) + (i == 0)), i))
+    chosen = sorted(scored[:SUMMARY_SENTENCES])
+    joiner = "" if _CJK.search(all_sentences[0]) else " "
+    return joiner.join(all_sentences[i] for i in chosen)[:SUMMARY_CHARS]
+
+
+def summarize_messages(conversation: Sequence[Message]) -> str:
+    """A summary from the conversation text alone, for degraded extractions."""
+    said = [m for m in conversation if m.role == "user"] or list(conversation)
+    return summarize([s for m in said for s in sentences(m.content)])

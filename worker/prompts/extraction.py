@@ -1,0 +1,45 @@
+"""The extraction prompt: conversation → summary, entities, relationships (ExtractionResult)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from worker.models import ExtractionResult, Message
+from worker.prompts.template import PromptTemplate, system_text
+
+ResponseModel = ExtractionResult
+
+DEFAULT = PromptTemplate(
+    version="extraction@v1",
+    text="""You maintain the long-term memory of an AI assistant about one user.
+Read the conversation and extract what is worth remembering about the user:
+- summary: two or three sentences on what the user said (facts, preferences, plans, events), in the language
+  of the conversation;
+- entities: people, places, organizations, products, events and concepts the user talked about, each with a
+  type (person, place, organization, product, event, concept or other) and a one-sentence description of
+  what the conversation says about it; use names exactly as written;
+- relationships: how those entities relate (source, target, a short description, a weight from 0 to 1 for
+  how strongly the conversation supports it).
+Messages marked as earlier context were extracted before: use them to understand the new messages, but
+extract only what the new messages add. Do not invent anything that was not said.""",
+)
+
+
+def _render(messages: Sequence[Message]) -> str:
+    return "\n".join(f"{m.role}: {m.content}" for m in messages)
+
+
+def build_messages(
+    template: PromptTemplate,
+    conversation: Sequence[Message],
+    *,
+    context: Sequence[Message] = (),
+    schema_in_prompt: bool = False,
+) -> list[dict[str, str]]:
+    """Chat messages for the extraction call. With schema_in_prompt (JSON mode), the schema is spelled out."""
+    system = system_text(template, ResponseModel, schema_in_prompt=schema_in_prompt)
+    parts = []
+    if context:
+        parts.append("Earlier context (already extracted):\n" + _render(context))
+    parts.append("New messages:\n" + _render(conversation))
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
