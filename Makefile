@@ -36,6 +36,7 @@ test: install services-up lint
 	$(VENV)/bin/pytest
 
 bench: install services-up
+	$(VENV)/bin/python -m tests.benchmarks.bench_extract
 	$(VENV)/bin/python -m tests.benchmarks.bench_store
 
 clean: services-down

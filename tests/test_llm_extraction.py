@@ -4,13 +4,14 @@ error classification, timeout, fallback — and the number of calls the server s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from tests.llm_standin import Reply, StandIn, answer
 from worker.errors import LLMError
 from worker.extraction import extract
-from worker.llm.client import LLMClient
+from worker.llm.client import LLMClient, resolve_routes
 from worker.models import Message
 from worker.settings import Settings
 
@@ -137,3 +138,24 @@ def test_chinese_conversation_through_the_stand_in(standin: StandIn, llm_setting
     assert "张伟一起去了北京" in standin.requests[0]["messages"][-1]["content"]
     assert extraction.result.summary == good["summary"]
     assert {(e.name, e.type) for e in extraction.result.entities} == {("张伟", "person"), ("北京", "place")}
+
+
+def test_prompt_override_from_a_file_is_sent_and_versioned(
+    standin: StandIn, llm_settings: Settings, tmp_path: Path
+) -> None:
+    custom = tmp_path / "extraction.txt"
+    custom.write_text("Extract memories, pirate style.", encoding="utf-8")
+    settings = llm_settings.model_copy(update={"prompt_extraction_file": custom})
+    standin.push(answer(GOOD))
+    extraction = extract(CONVERSATION, settings=settings)
+    assert standin.requests[0]["messages"][0]["content"].startswith("Extract memories, pirate style.")
+    assert extraction.prompt_version.startswith("extraction@file-")
+
+
+def test_model_resolution_is_computed_once_per_process(llm_settings: Settings) -> None:
+    resolve_routes.cache_clear()
+    client = LLMClient(llm_settings.model_copy(update={"llm_fallback_models": ["openai/b", "openai/stand-in"]}))
+    first = client.routes
+    assert [r.model for r in first] == ["openai/stand-in", "openai/b"]  # ordered, de-duplicated
+    assert client.routes is first
+    assert resolve_routes.cache_info().hits >= 1
