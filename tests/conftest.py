@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import redis
 
+from api_stub.client import MemoryClient
 from tests.llm_standin import StandIn
-from tests.services import load_services_env, services
+from tests.services import RedisClient, load_services_env, services
+from tests.workers import WorkerProcess, worker_env
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.settings import Settings
 
@@ -67,3 +71,35 @@ def llm_settings(standin: StandIn) -> Settings:
 @pytest.fixture
 def standin_slow_settings(llm_settings: Settings) -> Settings:
     return llm_settings.model_copy(update={"llm_timeout_s": 1.0})
+
+
+@pytest.fixture
+def clean_redis(settings: Settings) -> Iterator[RedisClient]:
+    """An empty Redis (queues, dead letters, results) before and after the test."""
+    client = redis.Redis.from_url(settings.redis_url)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start `memctl worker` processes with test timings; all are stopped when the test ends."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, **env: str) -> WorkerProcess:
+        proc = WorkerProcess(tmp_path / f"worker-{len(started)}.log", worker_env(**env), *args).start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[MemoryClient]:
+    memory = MemoryClient(settings)
+    yield memory
+    memory.close()

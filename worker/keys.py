@@ -6,6 +6,25 @@ PREFIX = "memory"
 
 LLM_RATE_LIMIT = f"{PREFIX}:ratelimit:llm"
 
+EXTRACT_QUEUE = "memory.extract"
+PERSIST_QUEUE = "memory.persist"
+
+DLQ_INDEX = f"{PREFIX}:dlq:index"  # sorted set: record id → first failure time
+
+
+def dlq_record(record_id: str) -> str:
+    return f"{PREFIX}:dlq:record:{record_id}"
+
+
+def dlq_user(user_tag: str) -> str:
+    """Set of a user's dead-letter record ids (for erasure)."""
+    return f"{PREFIX}:dlq:user:{user_tag}"
+
+
+def deliveries(task_id: str, retries: int) -> str:
+    """How many times this attempt of a task was delivered without finishing (poison detection)."""
+    return f"{PREFIX}:deliveries:{task_id}:{retries}"
+
 
 def keywords_cache(user_tag: str, digest: str) -> str:
     """Cached LLM keywords; per user so that forgetting a user can find and delete them."""

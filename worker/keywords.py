@@ -52,7 +52,10 @@ def local_keywords(query: str, max_keywords: int) -> list[str]:
     """jieba TF-IDF keywords for Chinese, stopword-filtered words for English; the query itself if none."""
     words: list[str] = []
     if _CJK_RUN.search(query):
+        import jieba
         import jieba.analyse  # loaded on first use, not at import
+
+        jieba.setLogLevel(logging.WARNING)
 
         words.extend(w for w in jieba.analyse.extract_tags(query, topK=max_keywords) if _CJK_RUN.search(w))
     for match in _LATIN_WORD.finditer(query):

@@ -162,6 +162,20 @@ class EpisodeRecord(_Frozen):
     model: str
     prompt_version: str = ""
     message_count: int = Field(0, ge=0)
+    llm_calls: int = Field(0, ge=0)
+    prompt_tokens: int = Field(0, ge=0)
+    completion_tokens: int = Field(0, ge=0)
+    cost_usd: float = Field(0.0, ge=0)
+
+
+class SessionProgress(_Frozen):
+    """How many of a session's messages are already extracted, and a digest of exactly those messages."""
+
+    key: str
+    user_id: str
+    session_id: str
+    extracted: int = Field(ge=0)
+    digest: str
 
 
 class SaveResult(_Frozen):

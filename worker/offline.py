@@ -9,6 +9,7 @@ Its answer is JSON that goes through the same validation as an LLM's.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -94,7 +95,10 @@ def _english(sentence: str) -> Iterator[tuple[str, str]]:
 
 
 def _chinese(sentence: str) -> Iterator[tuple[str, str]]:
+    import jieba
     import jieba.posseg  # imported on first use: the dictionary load is not import-time work
+
+    jieba.setLogLevel(logging.WARNING)
 
     for pair in jieba.posseg.cut(sentence):
         word, flag = pair.word.strip(), pair.flag

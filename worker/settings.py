@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.errors import SettingsError
@@ -64,6 +64,31 @@ class Settings(BaseSettings):
     max_episode_chars: int = Field(
         200_000, ge=1, le=100_000_000, description="Most characters accepted over all messages of an episode."
     )
+    task_time_limit_s: int = Field(300, ge=5, le=3600, description="Hard time limit of one task run.")
+    retry_backoff_base_s: float = Field(2.0, gt=0, le=600, description="First retry delay (doubles each attempt).")
+    retry_backoff_cap_s: float = Field(600.0, gt=0, le=86_400, description="Longest delay between two retries.")
+    retry_max_attempts: int = Field(
+        10, ge=0, le=100, description="Retries of one stage before the episode goes to the dead-letter store."
+    )
+    max_deliveries: int = Field(
+        5, ge=1, le=100, description="Deliveries of one message that never finished before it is dead-lettered."
+    )
+    visibility_timeout_s: int = Field(
+        3600,
+        ge=5,
+        description="Seconds before Redis hands an unacknowledged message to another worker; must exceed the "
+        "longest retry delay plus the task time limit.",
+    )
+    unacked_restore_interval_s: int = Field(
+        10, ge=1, le=3600, description="kombu: seconds between sweeps for messages past the visibility timeout."
+    )
+    unacked_restore_throttle: int = Field(
+        10, ge=1, le=1000, description="kombu: only every Nth sweep scans Redis (1: every sweep)."
+    )
+    extract_context_messages: int = Field(
+        4, ge=0, le=100, description="Earlier messages sent as context when a session grows."
+    )
+    result_expires_s: int = Field(7 * 86_400, ge=60, description="How long task outcomes are kept for wait().")
     max_query_chars: int = Field(4_000, ge=1, le=1_000_000, description="Most characters in a recall query.")
     store_content: bool = Field(
         True, description="Keep the conversation text on the episode (off: only the summary is stored)."
@@ -82,6 +107,16 @@ class Settings(BaseSettings):
         if value is not None and not value.is_file():
             raise ValueError(f"no such file: {value}")
         return value
+
+    @model_validator(mode="after")
+    def _visibility_outlasts_retries(self) -> Settings:
+        needed = self.retry_backoff_cap_s + self.task_time_limit_s
+        if self.visibility_timeout_s <= needed:
+            raise ValueError(
+                f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed retry_backoff_cap_s + "
+                f"task_time_limit_s ({needed:g}), or Redis would hand a waiting retry to a second worker"
+            )
+        return self
 
     @field_validator("redis_url")
     @classmethod
@@ -106,7 +141,7 @@ class Settings(BaseSettings):
         except ValidationError as exc:
             problems = []
             for err in exc.errors():
-                name = ENV_PREFIX + "_".join(str(part) for part in err["loc"]).upper()
+                name = ENV_PREFIX + "_".join(str(part) for part in err["loc"]).upper() if err["loc"] else "settings"
                 problems.append(f"{name}: {err['msg']}")
             raise SettingsError(problems) from None
 

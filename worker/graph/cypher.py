@@ -11,6 +11,8 @@ _FULLTEXT_OPTIONS = "OPTIONS {indexConfig: {`fulltext.analyzer`: 'cjk', `fulltex
 SCHEMA: tuple[str, ...] = (
     "CREATE CONSTRAINT episode_id IF NOT EXISTS FOR (e:Episode) REQUIRE e.id IS UNIQUE",
     "CREATE CONSTRAINT entity_uid IF NOT EXISTS FOR (n:Entity) REQUIRE n.uid IS UNIQUE",
+    "CREATE CONSTRAINT session_progress_key IF NOT EXISTS FOR (p:SessionProgress) REQUIRE p.key IS UNIQUE",
+    "CREATE INDEX session_progress_user IF NOT EXISTS FOR (p:SessionProgress) ON (p.user_id)",
     "CREATE INDEX episode_user IF NOT EXISTS FOR (e:Episode) ON (e.user_id)",
     "CREATE INDEX episode_user_created IF NOT EXISTS FOR (e:Episode) ON (e.user_id, e.created_at)",
     "CREATE INDEX entity_user IF NOT EXISTS FOR (n:Entity) ON (n.user_id)",
@@ -60,6 +62,24 @@ SET r.weight = r.weight + row.weight,
     r.episodes = (r.episodes + row.episode_id)[-50..],
     r.updated_at = $now
 RETURN row.episode_id AS id, count(r) AS n
+"""
+
+# How far a session's messages are extracted; it only moves forward, and is written in the same
+# transaction as the episode that advanced it.
+SAVE_PROGRESS = """
+UNWIND $rows AS row
+MERGE (p:SessionProgress {key: row.key})
+ON CREATE SET p.user_id = row.user_id, p.session_id = row.session_id, p.extracted = -1
+WITH p, row, row.extracted > p.extracted AS ahead
+SET p.digest = CASE WHEN ahead THEN row.digest ELSE p.digest END,
+    p.extracted = CASE WHEN ahead THEN row.extracted ELSE p.extracted END,
+    p.updated_at = $now
+"""
+
+GET_PROGRESS = """
+MATCH (p:SessionProgress {key: $key})
+WHERE p.user_id = $user_id
+RETURN p.extracted AS extracted, p.digest AS digest
 """
 
 RELEASE_CLAIMS = "UNWIND $ids AS id MATCH (e:Episode {id: id}) REMOVE e.save_token"
@@ -138,8 +158,15 @@ DETACH DELETE n
 RETURN count(*) AS n
 """
 
-# Episodes first (their MENTIONS go with them), then entities (with their RELATED_TO).
-DELETE_USER_BATCHES = (DELETE_USER_EPISODES_BATCH, DELETE_USER_ENTITIES_BATCH)
+DELETE_USER_PROGRESS_BATCH = """
+MATCH (n:SessionProgress {user_id: $user_id})
+WITH n LIMIT $batch
+DETACH DELETE n
+RETURN count(*) AS n
+"""
+
+# Episodes first (their MENTIONS go with them), then entities (with their RELATED_TO), then progress.
+DELETE_USER_BATCHES = (DELETE_USER_EPISODES_BATCH, DELETE_USER_ENTITIES_BATCH, DELETE_USER_PROGRESS_BATCH)
 
 STATS_ALL = """
 CALL () { MATCH (e:Episode) RETURN count(e) AS episodes }

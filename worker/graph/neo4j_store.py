@@ -27,6 +27,7 @@ from worker.models import (
     RelationHit,
     Relationship,
     SaveResult,
+    SessionProgress,
     StoreStats,
 )
 from worker.settings import Settings
@@ -106,11 +107,17 @@ class Neo4jGraphStore:
     # --- write -------------------------------------------------------------------------------------
 
     def save_episode(
-        self, record: EpisodeRecord, entities: Sequence[Entity], relationships: Sequence[Relationship]
+        self,
+        record: EpisodeRecord,
+        entities: Sequence[Entity],
+        relationships: Sequence[Relationship],
+        progress: SessionProgress | None = None,
     ) -> SaveResult:
-        return self.save_episodes([(record, entities, relationships)])[0]
+        return self.save_episodes([(record, entities, relationships)], [progress] if progress else ())[0]
 
-    def save_episodes(self, writes: Sequence[EpisodeWrite]) -> list[SaveResult]:
+    def save_episodes(
+        self, writes: Sequence[EpisodeWrite], progress: Sequence[SessionProgress] = ()
+    ) -> list[SaveResult]:
         """Several episodes in one transaction: the fulltext-index refresh and the commit are paid once.
 
         An episode whose id is already stored is left as it is (created=False); one whose id belongs to
@@ -126,6 +133,8 @@ class Neo4jGraphStore:
         now = datetime.now(UTC)
         owners = {episode_id: write[0].user_id for episode_id, write in first.items()}
 
+        progress_rows = [p.model_dump() for p in sorted(progress, key=lambda p: p.key)]
+
         def work(tx: ManagedTransaction) -> dict[str, SaveResult]:
             claims = list(tx.run(cypher.CLAIM_EPISODES, episodes=params.episodes, token=token))
             foreign = [c["id"] for c in claims if c["user_id"] != owners[c["id"]]]
@@ -133,6 +142,8 @@ class Neo4jGraphStore:
                 raise StoreRequestError(f"episode {foreign[0]} already belongs to another user")
             created = {c["id"] for c in claims if c["created"]}
             results = {c["id"]: SaveResult(episode_id=c["id"], created=c["id"] in created) for c in claims}
+            if progress_rows:
+                tx.run(cypher.SAVE_PROGRESS, rows=progress_rows, now=now).consume()
             if not created:
                 return results
             entity_rows = [row for row in params.entities if row["episode_id"] in created]
@@ -160,6 +171,12 @@ class Neo4jGraphStore:
         if not rows:
             return {}
         return {r["id"]: r["n"] for r in tx.run(statement, rows=rows, now=now)}
+
+    def session_progress(self, user_id: str, key: str) -> tuple[int, str] | None:
+        """(messages extracted, digest of them) for a session, or None when nothing was extracted yet."""
+        with translated("session_progress"), self._read_session() as session:
+            row = session.run(cypher.GET_PROGRESS, key=key, user_id=user_id).single(strict=False)
+        return None if row is None else (int(row["extracted"]), str(row["digest"]))
 
     # --- read --------------------------------------------------------------------------------------
 
@@ -226,7 +243,9 @@ class Neo4jGraphStore:
             )
             counts = [self._delete_in_batches(session, statement, user_id) for statement in cypher.DELETE_USER_BATCHES]
         log.info("deleted user graph", extra={"user_id": user_id, "episodes": counts[0], "entities": counts[1]})
-        return DeleteReport(user_id=user_id, episodes=counts[0], entities=counts[1], relationships=relationships)
+        return DeleteReport(
+            user_id=user_id, episodes=counts[0], entities=counts[1], relationships=relationships, other_nodes=counts[2]
+        )
 
     def _delete_in_batches(self, session: Session, statement: str, user_id: str) -> int:
         def batch(tx: ManagedTransaction) -> int:

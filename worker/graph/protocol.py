@@ -5,17 +5,32 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from worker.models import DeleteReport, Entity, EpisodeRecord, MemoryContext, Relationship, SaveResult, StoreStats
+from worker.models import (
+    DeleteReport,
+    Entity,
+    EpisodeRecord,
+    MemoryContext,
+    Relationship,
+    SaveResult,
+    SessionProgress,
+    StoreStats,
+)
 
 
 class GraphStore(Protocol):
     def ensure_schema(self) -> None:
         """Create constraints and indexes if missing and wait until they are online. Idempotent."""
 
-    def save_episode(
-        self, record: EpisodeRecord, entities: Sequence[Entity], relationships: Sequence[Relationship]
-    ) -> SaveResult:
-        """Persist one episode with its entities and relationships in one transaction. Idempotent."""
+    def save_episodes(
+        self,
+        writes: Sequence[tuple[EpisodeRecord, Sequence[Entity], Sequence[Relationship]]],
+        progress: Sequence[SessionProgress] = (),
+    ) -> list[SaveResult]:
+        """Persist episodes with their entities, relationships and session progress in one transaction.
+        Idempotent: an episode already stored is left as it is."""
+
+    def session_progress(self, user_id: str, key: str) -> tuple[int, str] | None:
+        """(messages extracted, digest of them) for a session, or None."""
 
     def search(self, user_id: str, keywords: Sequence[str], text: str, limit: int) -> MemoryContext:
         """The user's most relevant episodes for the keywords and text, with their entities and relations."""

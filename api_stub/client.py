@@ -1,0 +1,152 @@
+"""MemoryClient: the caller's side. add_episode validates and enqueues (it never waits for the LLM)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from worker.errors import EpisodeRejected
+from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
+from worker.models import Episode, Limits, build_episode
+from worker.pipeline import episode_payload
+from worker.settings import Settings
+
+State = Literal["persisted", "unchanged", "dead_lettered", "pending"]
+
+
+class EpisodeReceipt(BaseModel):
+    episode_id: str
+    task_id: str  # the final (persist) task of the episode's chain
+
+
+class EpisodeState(BaseModel):
+    episode_id: str
+    task_id: str
+    state: State  # unchanged: the same history was already extracted, nothing new to store
+
+
+class MemoryClient:
+    """Thread-safe; create one per process and reuse it (it holds the broker connection pool)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._limits = Limits(
+            max_messages=settings.max_messages,
+            max_message_chars=settings.max_message_chars,
+            max_episode_chars=settings.max_episode_chars,
+        )
+        self._app: Any = None
+
+    @classmethod
+    def from_env(cls) -> MemoryClient:
+        return cls(Settings.load())
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    def _celery(self) -> Any:
+        if self._app is None:
+            from celery import Celery
+
+            from worker.celery_app import celery_config
+
+            app = Celery("memory-client", set_as_current=False)
+            app.conf.update({k: v for k, v in celery_config(self._settings).items() if k != "include"})
+            self._app = app
+        return self._app
+
+    # --- write ---------------------------------------------------------------------------------------
+
+    def validate(
+        self,
+        user_id: str,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Any],
+        *,
+        episode_id: str | None = None,
+        occurred_at: datetime | None = None,
+    ) -> Episode:
+        """The checks add_episode makes, without enqueueing: raises EpisodeRejected naming the field."""
+        return build_episode(
+            user_id,
+            session_id,
+            [m.model_dump() if isinstance(m, BaseModel) else m for m in messages],
+            limits=self._limits,
+            episode_id=episode_id,
+            occurred_at=occurred_at,
+        )
+
+    def add_episode(
+        self,
+        user_id: str,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Any],
+        *,
+        episode_id: str | None = None,
+        occurred_at: datetime | None = None,
+    ) -> EpisodeReceipt:
+        """Validate, enqueue extract → persist, return at once. Invalid input enqueues nothing."""
+        episode = self.validate(user_id, session_id, messages, episode_id=episode_id, occurred_at=occurred_at)
+        return self.enqueue(episode)
+
+    def add_episodes(self, items: Iterable[Mapping[str, Any]]) -> list[EpisodeReceipt]:
+        """All items are validated first; if one is invalid, none is enqueued (EpisodeRejected says which)."""
+        episodes = []
+        for index, item in enumerate(items):
+            try:
+                episodes.append(
+                    self.validate(
+                        item.get("user_id", ""),
+                        item.get("session_id", ""),
+                        item.get("messages", []),
+                        episode_id=item.get("episode_id"),
+                        occurred_at=item.get("occurred_at"),
+                    )
+                )
+            except EpisodeRejected as exc:
+                raise EpisodeRejected(exc.reason, f"[{index}].{exc.field}" if exc.field else f"[{index}]") from None
+        return [self.enqueue(e) for e in episodes]
+
+    def enqueue(self, episode: Episode) -> EpisodeReceipt:
+        from celery import chain
+
+        from worker.celery_app import EXTRACT_TASK, PERSIST_TASK
+
+        app = self._celery()
+        flow = chain(
+            app.signature(EXTRACT_TASK, args=(episode_payload(episode),), queue=EXTRACT_QUEUE),
+            app.signature(PERSIST_TASK, queue=PERSIST_QUEUE),
+        )
+        result = flow.apply_async()
+        return EpisodeReceipt(episode_id=episode.id, task_id=result.id)
+
+    def wait(self, receipts: Sequence[EpisodeReceipt], timeout_s: float = 60.0) -> list[EpisodeState]:
+        """Each episode's state once final, or 'pending' for those not final when the timeout ends."""
+        app = self._celery()
+        states: dict[str, State] = {}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for receipt in receipts:
+                if receipt.task_id in states:
+                    continue
+                result = app.AsyncResult(receipt.task_id)
+                if result.state == "SUCCESS":
+                    value = result.result if isinstance(result.result, dict) else {}
+                    states[receipt.task_id] = value.get("status", "persisted")
+            if len(states) == len({r.task_id for r in receipts}) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        return [
+            EpisodeState(episode_id=r.episode_id, task_id=r.task_id, state=states.get(r.task_id, "pending"))
+            for r in receipts
+        ]
+
+    def close(self) -> None:
+        if self._app is not None:
+            self._app.close()
+            self._app = None

@@ -1,0 +1,85 @@
+"""The base of both stage tasks: bounded deliveries, retries and dead letters around a stage function."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Retry
+
+from tasks.policy import retry_delay_s
+from worker import keys
+from worker.deadletter import Stage
+from worker.runtime import Runtime, runtime
+
+log = logging.getLogger(__name__)
+
+DELIVERY_KEY_TTL_S = 7 * 86_400
+
+
+class StageTask(Task):  # type: ignore[misc]
+    stage: Stage = "extract"
+    max_retries = None  # Celery's own limit is off: tasks/policy.py decides when to give up
+
+    def guarded(self, payload: dict[str, Any], body: Callable[[Runtime], dict[str, Any]]) -> dict[str, Any]:
+        """Run body; retry transient failures with backoff; dead-letter permanent ones, exhausted retries
+        and messages delivered max_deliveries times without finishing (they keep killing their worker).
+        The dead letter is written before this returns, so before the message is acknowledged."""
+        rt = runtime()
+        request = self.request
+        delivery_key = keys.deliveries(request.id, request.retries or 0)
+        deliveries = int(rt.redis.incr(delivery_key))
+        rt.redis.expire(delivery_key, DELIVERY_KEY_TTL_S)
+        if deliveries > rt.settings.max_deliveries:
+            message = f"delivered {deliveries - 1} times without finishing (worker lost each time)"
+            return self._dead_letter(rt, payload, "DeliveryLimitExceeded", message, "", delivery_key)
+        try:
+            result = body(rt)
+        except Retry:
+            raise
+        except Exception as exc:
+            delay = retry_delay_s(exc, request.retries or 0, rt.settings)
+            if delay is not None:
+                log.warning(
+                    "stage failed; retrying",
+                    extra={
+                        "stage": self.stage,
+                        "episode_id": payload.get("episode_id") or payload.get("episode", {}).get("id"),
+                        "error_class": type(exc).__name__,
+                        "attempt": request.retries,
+                        "delay_s": round(delay, 2),
+                    },
+                )
+                rt.redis.delete(delivery_key)
+                raise self.retry(exc=exc, countdown=delay) from exc
+            return self._dead_letter(rt, payload, type(exc).__name__, str(exc), traceback.format_exc(), delivery_key)
+        rt.redis.delete(delivery_key)
+        return result
+
+    def _dead_letter(
+        self, rt: Runtime, payload: dict[str, Any], error_class: str, message: str, trace: str, delivery_key: str
+    ) -> dict[str, Any]:
+        episode = payload.get("episode") or {}
+        episode_id = payload.get("episode_id") or episode.get("id", "")
+        user_id = payload.get("user_id") or episode.get("user_id", "")
+        rt.dead_letters.add(
+            stage=self.stage,
+            task_name=self.name,
+            task_id=self.request.id,
+            episode_id=episode_id,
+            user_id=user_id,
+            payload=payload,
+            error_class=error_class,
+            message=message,
+            traceback=trace,
+            attempts=(self.request.retries or 0) + 1,
+        )
+        rt.redis.delete(delivery_key)
+        log.error(
+            "episode dead-lettered",
+            extra={"stage": self.stage, "episode_id": episode_id, "error_class": error_class},
+        )
+        return {"episode_id": episode_id, "user_id": user_id, "status": "dead_lettered"}

@@ -1,0 +1,39 @@
+"""The two stage tasks of the write path, chained: extract (queue memory.extract) → persist (memory.persist)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.base import StageTask
+from worker.celery_app import EXTRACT_TASK, PERSIST_TASK, app
+from worker.pipeline import extract_stage, persist_stage
+from worker.runtime import Runtime
+
+
+class ExtractTask(StageTask):
+    stage = "extract"
+    ignore_result = True  # its result (conversation text) travels to persist in the message, not the backend
+
+
+class PersistTask(StageTask):
+    stage = "persist"
+
+
+def _extract(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
+    def body(rt: Runtime) -> dict[str, Any]:
+        return extract_stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm)
+
+    return self.guarded(payload, body)
+
+
+def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
+    def body(rt: Runtime) -> dict[str, Any]:
+        if payload.get("status") == "extracted":  # upstream outcomes (unchanged, dead-lettered) pass through
+            rt.ensure_schema()
+        return persist_stage(payload, store=rt.store)
+
+    return self.guarded(payload, body)
+
+
+extract_episode = app.task(bind=True, base=ExtractTask, name=EXTRACT_TASK)(_extract)
+persist_episode = app.task(bind=True, base=PersistTask, name=PERSIST_TASK)(_persist)

@@ -1,0 +1,46 @@
+"""Conversations to ingest and exactly-once checks on the graph."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from worker.graph.neo4j_store import Neo4jGraphStore
+
+NAMES = ["Anna", "Boris", "Chen", "Dalia", "Emil", "Farah", "Goran", "Hana"]
+CITIES = ["Lisbon", "Oslo", "Quito", "Riga"]
+
+
+def conversation(rng: random.Random, i: int) -> tuple[list[dict[str, str]], set[str]]:
+    a, b = rng.sample(NAMES, 2)
+    city = rng.choice(CITIES)
+    text = f"I met {a} and {b} in {city}. this was visit number {i}."
+    return [{"role": "user", "content": text}, {"role": "assistant", "content": "noted"}], {a, b, city}
+
+
+def episodes_for(users: list[str], per_user: int, seed: int = 1) -> tuple[list[dict[str, Any]], dict[str, set[str]]]:
+    rng = random.Random(seed)
+    items: list[dict[str, Any]] = []
+    names: dict[str, set[str]] = {u: set() for u in users}
+    for i in range(per_user):
+        for user in users:
+            messages, mentioned = conversation(rng, i)
+            items.append({"user_id": user, "session_id": f"s{i}", "messages": messages})
+            names[user] |= mentioned
+    return items, names
+
+
+def graph_facts(store: Neo4jGraphStore, user: str) -> dict[str, Any]:
+    """Counts that expose any double write: episodes, entities, MENTIONS vs distinct pairs vs mention counters."""
+    with store._session() as s:
+        row = s.run(
+            """
+            MATCH (e:Episode {user_id: $u}) WITH count(e) AS episodes
+            OPTIONAL MATCH (n:Entity {user_id: $u}) WITH episodes, collect(n) AS ents
+            OPTIONAL MATCH (ep:Episode {user_id: $u})-[m:MENTIONS]->(x:Entity)
+            RETURN episodes, [n IN ents | n.name] AS names, reduce(s = 0, n IN ents | s + n.mentions) AS counters,
+                   count(m) AS mentions, count(DISTINCT [ep.id, x.uid]) AS pairs
+            """,
+            u=user,
+        ).single(strict=True)
+    return dict(row)

@@ -1,0 +1,90 @@
+"""The write path end to end: MemoryClient → Redis → real `memctl worker` processes → Neo4j."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from api_stub.client import MemoryClient
+from tests.ingest_helpers import episodes_for, graph_facts
+from tests.llm_standin import StandIn, answer
+from tests.services import RedisClient
+from tests.workers import WorkerProcess
+from worker.errors import EpisodeRejected
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.keys import EXTRACT_QUEUE
+
+Workers = Callable[..., WorkerProcess]
+
+
+def test_200_episodes_from_5_users(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    new_user: Callable[[str], str],
+) -> None:
+    users = [new_user(f"u{i}") for i in range(5)]
+    items, names = episodes_for(users, 40)
+    workers()
+    receipts = client.add_episodes(items)
+    states = client.wait(receipts, timeout_s=180)
+    assert [s.state for s in states] == ["persisted"] * 200
+    for user in users:
+        facts = graph_facts(store, user)
+        assert facts["episodes"] == 40
+        assert sorted(facts["names"]) == sorted(names[user])  # deduplicated per user
+        assert facts["mentions"] == facts["pairs"] == facts["counters"]
+
+
+def test_invalid_input_enqueues_nothing(clean_redis: RedisClient, client: MemoryClient) -> None:
+    good = {"user_id": "u", "session_id": "s", "messages": [{"role": "user", "content": "hi"}]}
+    bad = {"user_id": "u", "session_id": "s", "messages": [{"role": "robot", "content": "hi"}]}
+    with pytest.raises(EpisodeRejected) as info:
+        client.add_episodes([good, bad])
+    assert info.value.field == "[1].messages.0.role"
+    with pytest.raises(EpisodeRejected):
+        client.add_episode("", "s", [{"role": "user", "content": "hi"}])
+    assert clean_redis.llen(EXTRACT_QUEUE) == 0
+
+
+def test_a_session_sent_again_extracts_only_the_new_messages(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    standin: StandIn,
+    new_user: Callable[[str], str],
+) -> None:
+    standin.default = lambda _request: answer({"summary": "ok", "entities": [{"name": "Anna"}]})
+    user = new_user("inc")
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message number {i}"} for i in range(4)]
+    workers(MEMORY_LLM_MODEL="openai/stand-in", MEMORY_LLM_API_BASE=standin.url, MEMORY_LLM_API_KEY="sk-x")
+
+    first = client.add_episode(user, "chat", history)
+    assert client.wait([first], 60)[0].state == "persisted"
+    longer = [*history, {"role": "user", "content": "message number 4"}, {"role": "assistant", "content": "ok 5"}]
+    second = client.add_episode(user, "chat", longer)
+    assert client.wait([second], 60)[0].state == "persisted"
+    assert standin.calls == 2
+    prompt = standin.requests[1]["messages"][-1]["content"]
+    new_part = prompt.split("New messages:")[1]
+    assert "message number 4" in new_part and "ok 5" in new_part and "message number 0" not in new_part
+    assert "Earlier context" in prompt and "message number 3" in prompt.split("New messages:")[0]
+
+    again = client.add_episode(user, "chat", longer)
+    assert client.wait([again], 60)[0].state == "unchanged"
+    assert standin.calls == 2  # the same history again: no LLM call, nothing written
+    assert graph_facts(store, user)["episodes"] == 2
+    with store._session() as s:
+        counts = s.run("MATCH (e:Episode {user_id: $u}) RETURN e.message_count AS n ORDER BY n DESC", u=user).value()
+    assert counts == [4, 2]
+
+
+def test_add_episode_returns_before_any_extraction(
+    clean_redis: RedisClient, client: MemoryClient, new_user: Callable[[str], str]
+) -> None:
+    receipt = client.add_episode(new_user("q"), "s", [{"role": "user", "content": "no worker is running"}])
+    assert clean_redis.llen(EXTRACT_QUEUE) == 1
+    assert client.wait([receipt], timeout_s=0.5)[0].state == "pending"

@@ -1,0 +1,228 @@
+"""Faults on the write path, with real processes: killed workers, Neo4j and Redis outages, poison messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from api_stub.client import MemoryClient
+from tests.ingest_helpers import episodes_for, graph_facts
+from tests.llm_standin import Reply, StandIn, answer
+from tests.services import ROOT, RedisClient, services
+from tests.workers import WorkerProcess, celery_pids
+from worker.deadletter import DeadLetterStore
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
+
+Workers = Callable[..., WorkerProcess]
+GOOD = {"summary": "met people", "entities": [{"name": "Anna", "type": "person"}, {"name": "Lisbon"}]}
+
+
+def stand_in_env(standin: StandIn) -> dict[str, str]:
+    return {"MEMORY_LLM_MODEL": "openai/stand-in", "MEMORY_LLM_API_BASE": standin.url, "MEMORY_LLM_API_KEY": "sk-x"}
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def extraction_calls(standin: StandIn) -> dict[str, int]:
+    """LLM calls per conversation text seen by the stand-in (one key per episode)."""
+    seen: dict[str, int] = {}
+    for request in standin.requests:
+        text = request["messages"][-1]["content"]
+        seen[text] = seen.get(text, 0) + 1
+    return seen
+
+
+def test_sigkilled_worker_group_then_new_worker_persists_everything_once(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    standin: StandIn,
+    new_user: Callable[[str], str],
+) -> None:
+    standin.default = lambda _request: Reply(content=json.dumps(GOOD), delay_s=0.05)
+    users = [new_user(f"k{i}") for i in range(4)]
+    items, _ = episodes_for(users, 25, seed=3)
+    first = workers(**stand_in_env(standin))
+    receipts = client.add_episodes(items)
+    wait_until(lambda: standin.calls >= 30, 60, "some extractions")
+    first.kill()
+    assert clean_redis.llen(EXTRACT_QUEUE) + clean_redis.hlen("unacked") > 0  # work was left in flight
+    workers(**stand_in_env(standin))
+    states = client.wait(receipts, timeout_s=180)
+    assert {s.state for s in states} == {"persisted"}
+    for user in users:
+        facts = graph_facts(store, user)
+        assert facts["episodes"] == 25
+        assert sorted(facts["names"]) == ["Anna", "Lisbon"]
+        assert facts["mentions"] == facts["pairs"] == facts["counters"] == 50
+
+
+@pytest.mark.usefixtures("neo4j_restorer")
+def test_neo4j_outage_retries_only_persist(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    standin: StandIn,
+    new_user: Callable[[str], str],
+) -> None:
+    standin.default = lambda _request: answer(GOOD)
+    user = new_user("outage")
+    items, _ = episodes_for([user], 20, seed=4)
+    workers("--queues", EXTRACT_QUEUE, **stand_in_env(standin))
+    receipts = client.add_episodes(items)
+    wait_until(lambda: clean_redis.llen(PERSIST_QUEUE) == 20, 60, "all extractions")
+    services("down", "neo4j")
+    workers("--queues", PERSIST_QUEUE, **stand_in_env(standin))
+    time.sleep(4)  # persist attempts fail and back off meanwhile
+    services("up", "neo4j")
+    states = client.wait(receipts, timeout_s=120)
+    assert {s.state for s in states} == {"persisted"}
+    assert graph_facts(store, user)["episodes"] == 20
+    assert sorted(extraction_calls(standin).values()) == [1] * 20  # the LLM was billed once per episode
+
+
+@pytest.mark.usefixtures("neo4j_restorer")
+def test_outage_longer_than_the_retry_budget_dead_letters_then_replay_persists_all(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    standin: StandIn,
+    new_user: Callable[[str], str],
+) -> None:
+    standin.default = lambda _request: answer(GOOD)
+    user = new_user("dlq")
+    items, _ = episodes_for([user], 12, seed=5)
+    services("down", "neo4j")
+    env = {**stand_in_env(standin), "MEMORY_RETRY_MAX_ATTEMPTS": "2", "MEMORY_RETRY_BACKOFF_BASE_S": "0.2"}
+    workers(**env)
+    receipts = client.add_episodes(items)
+    states = client.wait(receipts, timeout_s=120)
+    assert {s.state for s in states} == {"dead_lettered"}
+    letters = DeadLetterStore(clean_redis).list()
+    assert len(letters) == 12
+    # With Neo4j down, the extract stage could not read the session's progress: it is the stage that failed,
+    # before any LLM call. Its record carries the whole conversation for a replay.
+    for letter in letters:
+        assert letter.user_id == user and letter.error_class == "StoreUnavailable" and letter.attempts == 3
+        assert letter.payload["episode"]["messages"] and letter.traceback
+    assert standin.calls == 0
+
+    services("up", "neo4j")
+    out = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "dlq", "replay", "--all"],
+        cwd=ROOT,
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "replayed 12" in out.stdout
+    wait_until(lambda: graph_facts(store, user)["episodes"] == 12, 120, "replayed episodes persisted")
+    assert DeadLetterStore(clean_redis).count() == 0
+    assert sorted(extraction_calls(standin).values()) == [1] * 12
+
+
+@pytest.mark.usefixtures("neo4j_restorer")
+def test_persist_stage_dead_letter_keeps_the_extraction_and_replay_skips_the_llm(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    standin: StandIn,
+    new_user: Callable[[str], str],
+) -> None:
+    standin.default = lambda _request: answer(GOOD)
+    user = new_user("pdlq")
+    items, _ = episodes_for([user], 5, seed=6)
+    workers("--queues", EXTRACT_QUEUE, **stand_in_env(standin))
+    receipts = client.add_episodes(items)
+    wait_until(lambda: clean_redis.llen(PERSIST_QUEUE) == 5, 60, "extractions")
+    services("down", "neo4j")
+    env = {**stand_in_env(standin), "MEMORY_RETRY_MAX_ATTEMPTS": "1", "MEMORY_RETRY_BACKOFF_BASE_S": "0.2"}
+    workers("--queues", PERSIST_QUEUE, **env)
+    assert {s.state for s in client.wait(receipts, timeout_s=60)} == {"dead_lettered"}
+    letters = DeadLetterStore(clean_redis).list()
+    assert {letter.stage for letter in letters} == {"persist"}
+    assert all(letter.payload["record"]["summary"] == "met people" for letter in letters)
+    services("up", "neo4j")
+    dead = DeadLetterStore(clean_redis)
+    for letter in letters:
+        dead.replay(letter.id, lambda rec: str(_persist_again(client, rec.payload)))
+    wait_until(lambda: graph_facts(store, user)["episodes"] == 5, 60, "replayed persists")
+    assert standin.calls == 5  # no new extraction
+
+
+def _persist_again(client: MemoryClient, payload: dict[str, Any]) -> str:
+    from worker.celery_app import PERSIST_TASK
+
+    app = client._celery()
+    return str(app.signature(PERSIST_TASK, args=(payload,), queue=PERSIST_QUEUE).apply_async().id)
+
+
+def test_poison_message_is_dead_lettered_after_bounded_deliveries(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    standin: StandIn,
+    new_user: Callable[[str], str],
+) -> None:
+    """The poison conversation kills the worker that extracts it, on every delivery."""
+
+    def reply(request: dict[str, Any]) -> Reply:
+        if "POISON" in request["messages"][-1]["content"]:
+            for pid in celery_pids(EXTRACT_QUEUE):
+                os.kill(pid, signal.SIGKILL)
+            return Reply(status=500, delay_s=1)
+        return answer(GOOD)
+
+    standin.default = reply
+    user = new_user("poison")
+    items, _ = episodes_for([user], 6, seed=7)
+    workers("--extract-concurrency", "1", **stand_in_env(standin))
+    poison = client.add_episode(user, "bad", [{"role": "user", "content": "this one is POISON for the worker"}])
+    receipts = client.add_episodes(items)
+    assert {s.state for s in client.wait(receipts, timeout_s=240)} == {"persisted"}
+    assert client.wait([poison], timeout_s=240)[0].state == "dead_lettered"
+    [letter] = DeadLetterStore(clean_redis).list()
+    assert letter.error_class == "DeliveryLimitExceeded" and letter.stage == "extract"
+    assert sum(1 for r in standin.requests if "POISON" in r["messages"][-1]["content"]) == 3
+    assert graph_facts(store, user)["episodes"] == 6
+
+
+def test_tasks_queued_across_a_redis_restart_complete(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    new_user: Callable[[str], str],
+) -> None:
+    user = new_user("aof")
+    items, _ = episodes_for([user], 30, seed=8)
+    receipts = client.add_episodes(items)
+    assert clean_redis.llen(EXTRACT_QUEUE) == 30
+    services("down", "redis")
+    services("up", "redis")
+    workers()
+    states = client.wait(receipts, timeout_s=120)
+    assert {s.state for s in states} == {"persisted"}
+    assert graph_facts(store, user)["episodes"] == 30

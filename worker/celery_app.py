@@ -1,0 +1,73 @@
+"""The Celery app: `celery -A worker.celery_app worker` and `celery -A worker.celery_app flower`.
+
+Configuration is read from the settings when Celery first needs it (on_configure), not at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_shutdown, worker_shutdown
+
+from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
+from worker.settings import Settings, get_settings
+
+EXTRACT_TASK = "memory.extract_episode"
+PERSIST_TASK = "memory.persist_episode"
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    transport = {
+        "visibility_timeout": settings.visibility_timeout_s,
+        "unacked_restore_interval": settings.unacked_restore_interval_s,
+        "unacked_restore_throttle": settings.unacked_restore_throttle,
+    }
+    return {
+        "broker_url": settings.redis_url,
+        "result_backend": settings.redis_url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_retry": True,
+        "broker_connection_max_retries": None,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        "result_expires": settings.result_expires_s,
+        "task_time_limit": settings.task_time_limit_s,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        "worker_hijack_root_logger": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "task_default_queue": EXTRACT_QUEUE,
+        "task_routes": {EXTRACT_TASK: {"queue": EXTRACT_QUEUE}, PERSIST_TASK: {"queue": PERSIST_QUEUE}},
+        "include": ["tasks.episodes"],
+    }
+
+
+app = Celery("memory")
+
+
+def _configure(sender: Celery, **_: Any) -> None:
+    import celery.app.trace
+
+    sender.conf.update(celery_config(get_settings()))
+    # Celery logs a task's return value on success; ours can hold conversation text. Ids and timing only.
+    celery.app.trace.LOG_SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
+
+
+def _close_connections(**_: Any) -> None:
+    from worker.runtime import shutdown_runtime
+
+    shutdown_runtime()
+
+
+app.on_configure.connect(_configure)
+worker_process_shutdown.connect(_close_connections)
+worker_shutdown.connect(_close_connections)

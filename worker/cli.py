@@ -1,0 +1,232 @@
+"""memctl: run workers, import conversations, operate the dead-letter store, check health.
+
+Exit codes: 0 ok, 1 failure or unhealthy, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from worker.errors import EpisodeRejected, MemoryServiceError
+from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
+from worker.settings import Settings
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.load()
+    except MemoryServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _redis(settings: Settings) -> Any:
+    from redis import Redis
+
+    return Redis.from_url(settings.redis_url, socket_timeout=5)
+
+
+@click.group()
+def main() -> None:
+    """Operate the memory service."""
+
+
+@main.command()
+@click.option("--extract-concurrency", default=16, show_default=True, help="Threads for LLM extraction.")
+@click.option("--persist-concurrency", default=4, show_default=True, help="Threads for Neo4j writes.")
+@click.option("--queues", default=f"{EXTRACT_QUEUE},{PERSIST_QUEUE}", show_default=True)
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker(extract_concurrency: int, persist_concurrency: int, queues: str, loglevel: str) -> None:
+    """Start workers for the extract and persist queues (and restart them if they die)."""
+    from worker.supervisor import Child, supervise
+
+    _settings()  # refuse to start on invalid settings
+    wanted = [q.strip() for q in queues.split(",") if q.strip()]
+    unknown = set(wanted) - {EXTRACT_QUEUE, PERSIST_QUEUE}
+    if unknown or not wanted:
+        raise click.UsageError(f"unknown queue(s): {', '.join(sorted(unknown)) or '(none)'}")
+    concurrency = {EXTRACT_QUEUE: extract_concurrency, PERSIST_QUEUE: persist_concurrency}
+    sys.exit(supervise([Child(q, concurrency[q], loglevel) for q in wanted]))
+
+
+@main.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--wait", "wait_s", type=float, default=None, help="Wait up to this many seconds for the outcome.")
+def import_(file: Path, wait_s: float | None) -> None:
+    """Enqueue conversations from a JSONL file: one {"user_id", "session_id", "messages"} per line."""
+    from api_stub.client import MemoryClient
+
+    client = MemoryClient(_settings())
+    items = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                items.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise click.ClickException(f"{file}:{number}: not JSON ({exc.msg})") from None
+    try:
+        for item in items:
+            client.validate(item.get("user_id", ""), item.get("session_id", ""), item.get("messages", []))
+    except EpisodeRejected as exc:
+        raise click.ClickException(f"{file}: line {items.index(item) + 1}: {exc}; nothing was enqueued") from None
+    receipts = []
+    with click.progressbar(items, label="enqueue", file=sys.stderr) as bar:
+        for item in bar:
+            receipts.append(client.add_episode(item["user_id"], item["session_id"], item["messages"]))
+    click.echo(f"enqueued {len(receipts)} episodes")
+    if wait_s is not None:
+        states = client.wait(receipts, timeout_s=wait_s)
+        counts: dict[str, int] = {}
+        for state in states:
+            counts[state.state] = counts.get(state.state, 0) + 1
+        click.echo(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+        if counts.get("pending") or counts.get("dead_lettered"):
+            sys.exit(1)
+
+
+@main.group()
+def dlq() -> None:
+    """The dead-letter store: failed episodes, kept until replayed or purged."""
+
+
+def _store(settings: Settings) -> Any:
+    from worker.deadletter import DeadLetterStore
+
+    return DeadLetterStore(_redis(settings))
+
+
+@dlq.command("list")
+@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def dlq_list(limit: int, as_json: bool) -> None:
+    store = _store(_settings())
+    letters = store.list(limit)
+    if as_json:
+        rows = [letter.model_dump(exclude={"payload", "traceback"}) for letter in letters]
+        click.echo(json.dumps(rows, ensure_ascii=False))
+        return
+    click.echo(f"{store.count()} dead letters")
+    for letter in letters:
+        click.echo(
+            f"{letter.id}\t{letter.error_class}\tattempts={letter.attempts}\treplays={letter.replay_count}\t"
+            f"user={letter.user_id}"
+        )
+
+
+@dlq.command("show")
+@click.argument("record_id")
+def dlq_show(record_id: str) -> None:
+    letter = _store(_settings()).get(record_id)
+    if letter is None:
+        raise click.ClickException(f"no dead letter {record_id}")
+    click.echo(letter.model_dump_json(indent=2))
+
+
+def _enqueue_letter(client: Any, letter: Any) -> str:
+    from celery import chain
+
+    from worker.celery_app import EXTRACT_TASK, PERSIST_TASK
+
+    app = client._celery()
+    persist = app.signature(PERSIST_TASK, queue=PERSIST_QUEUE)
+    if letter.stage == "persist":  # the extraction result is in the record: no LLM call
+        return str(persist.clone(args=(letter.payload,)).apply_async().id)
+    extract = app.signature(EXTRACT_TASK, args=(letter.payload,), queue=EXTRACT_QUEUE)
+    return str(chain(extract, persist).apply_async().id)
+
+
+@dlq.command("replay")
+@click.argument("record_ids", nargs=-1)
+@click.option("--all", "replay_all", is_flag=True)
+@click.option("--dry-run", is_flag=True)
+def dlq_replay(record_ids: tuple[str, ...], replay_all: bool, dry_run: bool) -> None:
+    """Re-enqueue records; each is removed only after the broker accepted its new message."""
+    from api_stub.client import MemoryClient
+
+    if bool(record_ids) == replay_all:
+        raise click.UsageError("give record ids or --all")
+    settings = _settings()
+    store = _store(settings)
+    ids = store.ids() if replay_all else list(record_ids)
+    if dry_run:
+        for rid in ids:
+            click.echo(f"would replay {rid}")
+        return
+    client = MemoryClient(settings)
+    missing = 0
+    with click.progressbar(ids, label="replay", file=sys.stderr) as bar:
+        for rid in bar:
+            if store.replay(rid, lambda letter: _enqueue_letter(client, letter)) is None:
+                missing += 1
+    click.echo(f"replayed {len(ids) - missing}" + (f", {missing} not found" if missing else ""))
+    if missing:
+        sys.exit(1)
+
+
+_AGE = re.compile(r"^(\d+)([smhd])$")
+
+
+@dlq.command("purge")
+@click.argument("record_ids", nargs=-1)
+@click.option("--all", "purge_all", is_flag=True)
+@click.option("--older-than", default=None, help="e.g. 7d, 12h, 30m")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def dlq_purge(record_ids: tuple[str, ...], purge_all: bool, older_than: str | None, yes: bool) -> None:
+    import time
+
+    if sum([bool(record_ids), purge_all, older_than is not None]) != 1:
+        raise click.UsageError("give record ids, --all or --older-than")
+    store = _store(_settings())
+    if older_than is not None:
+        match = _AGE.match(older_than)
+        if not match:
+            raise click.UsageError("--older-than takes a number and s, m, h or d (e.g. 7d)")
+        seconds = int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+        cutoff = time.time() - seconds
+        ids = [letter.id for letter in store.iter_all() if letter.last_failed_at < cutoff]
+    else:
+        ids = store.ids() if purge_all else list(record_ids)
+    if not yes and not click.confirm(f"purge {len(ids)} dead letters for good?"):
+        sys.exit(1)
+    removed = sum(store.remove(rid) for rid in ids)
+    click.echo(f"purged {removed}")
+
+
+@main.command()
+@click.option("--timeout", "timeout_s", type=float, default=3.0, show_default=True)
+def health(timeout_s: float) -> None:
+    """Exit 0 when Redis, Neo4j and at least one worker answer."""
+    from worker.graph.neo4j_store import Neo4jGraphStore
+
+    settings = _settings()
+    ok = True
+    try:
+        _redis(settings).ping()
+        click.echo("redis: ok")
+    except Exception as exc:
+        ok = False
+        click.echo(f"redis: unavailable ({type(exc).__name__})")
+    store = Neo4jGraphStore.from_settings(settings)
+    neo4j_ok = store.is_available(timeout_s)
+    store.close()
+    click.echo(f"neo4j: {'ok' if neo4j_ok else 'unavailable'}")
+    ok = ok and neo4j_ok
+    try:
+        from worker.celery_app import app
+
+        replies = app.control.ping(timeout=timeout_s) or []
+        click.echo(f"workers: {len(replies)}")
+        ok = ok and bool(replies)
+    except Exception as exc:
+        ok = False
+        click.echo(f"workers: unknown ({type(exc).__name__})")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

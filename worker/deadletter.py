@@ -1,0 +1,139 @@
+"""The dead-letter store (Redis): one self-sufficient record per failed episode stage, never expiring.
+
+A record holds everything needed to replay it (for the persist stage, the extraction result too), so a
+replay never calls the LLM again for an episode that was already extracted. Replay re-enqueues first and
+removes the record only after the broker has accepted the new message.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from worker import keys
+from worker.identity import user_tag
+
+Stage = Literal["extract", "persist"]
+TRACEBACK_CHARS = 4000
+
+
+class DeadLetter(BaseModel):
+    id: str
+    stage: Stage
+    task_name: str
+    task_id: str
+    episode_id: str
+    user_id: str
+    payload: dict[str, Any] = Field(repr=False)
+    error_class: str
+    message: str
+    traceback: str = ""
+    attempts: int = 1
+    first_failed_at: float
+    last_failed_at: float
+    replay_count: int = 0
+
+
+def record_id(stage: Stage, episode_id: str) -> str:
+    """One record per episode and stage: failing again updates it instead of piling up copies."""
+    return f"{stage}:{episode_id}"
+
+
+class DeadLetterStore:
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+
+    def add(
+        self,
+        *,
+        stage: Stage,
+        task_name: str,
+        task_id: str,
+        episode_id: str,
+        user_id: str,
+        payload: dict[str, Any],
+        error_class: str,
+        message: str,
+        traceback: str = "",
+        attempts: int = 1,
+    ) -> DeadLetter:
+        now = time.time()
+        rid = record_id(stage, episode_id)
+        previous = self.get(rid)
+        letter = DeadLetter(
+            id=rid,
+            stage=stage,
+            task_name=task_name,
+            task_id=task_id,
+            episode_id=episode_id,
+            user_id=user_id,
+            payload=payload,
+            error_class=error_class,
+            message=message[:2000],
+            traceback=traceback[-TRACEBACK_CHARS:],
+            attempts=attempts + (previous.attempts if previous else 0),
+            first_failed_at=previous.first_failed_at if previous else now,
+            last_failed_at=now,
+            replay_count=previous.replay_count if previous else 0,
+        )
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.set(keys.dlq_record(rid), letter.model_dump_json())
+        pipe.zadd(keys.DLQ_INDEX, {rid: letter.first_failed_at})
+        pipe.sadd(keys.dlq_user(user_tag(user_id)), rid)
+        pipe.execute()
+        return letter
+
+    def get(self, rid: str) -> DeadLetter | None:
+        raw = self._redis.get(keys.dlq_record(rid))
+        return None if raw is None else DeadLetter.model_validate_json(raw)
+
+    def ids(self, limit: int | None = None) -> list[str]:
+        """Oldest first."""
+        end = -1 if limit is None else limit - 1
+        return [i.decode() if isinstance(i, bytes) else i for i in self._redis.zrange(keys.DLQ_INDEX, 0, end)]
+
+    def list(self, limit: int | None = None) -> list[DeadLetter]:
+        return [letter for rid in self.ids(limit) if (letter := self.get(rid)) is not None]
+
+    def iter_all(self) -> Iterator[DeadLetter]:
+        for rid in self.ids():
+            letter = self.get(rid)
+            if letter is not None:
+                yield letter
+
+    def count(self) -> int:
+        return int(self._redis.zcard(keys.DLQ_INDEX))
+
+    def oldest_age_s(self) -> float | None:
+        first = self._redis.zrange(keys.DLQ_INDEX, 0, 0, withscores=True)
+        return time.time() - float(first[0][1]) if first else None
+
+    def remove(self, rid: str) -> bool:
+        letter = self.get(rid)
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.delete(keys.dlq_record(rid))
+        pipe.zrem(keys.DLQ_INDEX, rid)
+        if letter is not None:
+            pipe.srem(keys.dlq_user(user_tag(letter.user_id)), rid)
+        deleted = pipe.execute()[0]
+        return bool(deleted)
+
+    def replay(self, rid: str, enqueue: Callable[[DeadLetter], str]) -> str | None:
+        """Re-enqueue (enqueue returns the new task id once the broker accepted it), then remove."""
+        letter = self.get(rid)
+        if letter is None:
+            return None
+        bumped = letter.model_copy(update={"replay_count": letter.replay_count + 1})
+        self._redis.set(keys.dlq_record(rid), bumped.model_dump_json())  # counted even if we crash next
+        task_id = enqueue(bumped)
+        self.remove(rid)
+        return task_id
+
+    def purge_user(self, user_id: str) -> int:
+        members = self._redis.smembers(keys.dlq_user(user_tag(user_id)))
+        removed = sum(self.remove(m.decode() if isinstance(m, bytes) else m) for m in members)
+        self._redis.delete(keys.dlq_user(user_tag(user_id)))
+        return removed

@@ -1,0 +1,65 @@
+"""Connections of one worker process: created on first use (never at import), once per process."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.deadletter import DeadLetterStore
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.llm.client import LLMClient, build_client
+from worker.offline import MODEL_NAME as OFFLINE
+from worker.settings import Settings, get_settings
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    redis: Any
+    store: Neo4jGraphStore
+    llm: LLMClient | None
+    dead_letters: DeadLetterStore
+    _schema_ready: bool = field(default=False)
+
+    def ensure_schema(self) -> None:
+        if not self._schema_ready:
+            self.store.ensure_schema()
+            self._schema_ready = True
+
+    def close(self) -> None:
+        self.store.close()
+        self.redis.close()
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+_pid: int | None = None
+
+
+def runtime() -> Runtime:
+    global _runtime, _pid
+    with _lock:
+        if _runtime is None or _pid != os.getpid():  # a forked child builds its own connections
+            from redis import Redis
+
+            settings = get_settings()
+            redis = Redis.from_url(settings.redis_url, socket_timeout=10, health_check_interval=30)
+            _runtime = Runtime(
+                settings=settings,
+                redis=redis,
+                store=Neo4jGraphStore.from_settings(settings),
+                llm=None if settings.llm_model == OFFLINE else build_client(settings, lambda: redis),
+                dead_letters=DeadLetterStore(redis),
+            )
+            _pid = os.getpid()
+        return _runtime
+
+
+def shutdown_runtime() -> None:
+    global _runtime
+    with _lock:
+        if _runtime is not None and _pid == os.getpid():
+            _runtime.close()
+        _runtime = None
