@@ -10,7 +10,6 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from worker.errors import EpisodeRejected
-from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
 from worker.models import Episode, Limits, build_episode
 from worker.pipeline import episode_payload
 from worker.settings import Settings
@@ -115,13 +114,10 @@ class MemoryClient:
     def enqueue(self, episode: Episode) -> EpisodeReceipt:
         from celery import chain
 
-        from worker.celery_app import EXTRACT_TASK, PERSIST_TASK
+        from worker.celery_app import extract_signature, persist_signature
 
         app = self._celery()
-        flow = chain(
-            app.signature(EXTRACT_TASK, args=(episode_payload(episode),), queue=EXTRACT_QUEUE),
-            app.signature(PERSIST_TASK, queue=PERSIST_QUEUE),
-        )
+        flow = chain(extract_signature(app, episode_payload(episode), episode.id), persist_signature(app))
         result = flow.apply_async()
         return EpisodeReceipt(episode_id=episode.id, task_id=result.id)
 

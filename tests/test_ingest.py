@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,7 @@ from api_stub.client import MemoryClient
 from tests.ingest_helpers import episodes_for, graph_facts
 from tests.llm_standin import StandIn, answer
 from tests.services import RedisClient
+from tests.test_policy_and_dlq import memctl
 from tests.workers import WorkerProcess
 from worker.errors import EpisodeRejected
 from worker.graph.neo4j_store import Neo4jGraphStore
@@ -88,3 +91,22 @@ def test_add_episode_returns_before_any_extraction(
     receipt = client.add_episode(new_user("q"), "s", [{"role": "user", "content": "no worker is running"}])
     assert clean_redis.llen(EXTRACT_QUEUE) == 1
     assert client.wait([receipt], timeout_s=0.5)[0].state == "pending"
+
+
+def test_memctl_import_waits_for_the_outcome_and_health_sees_the_workers(
+    clean_redis: RedisClient, workers: Workers, store: Neo4jGraphStore, new_user: Callable[[str], str], tmp_path: Path
+) -> None:
+    user = new_user("cli")
+    items, _ = episodes_for([user], 8, seed=9)
+    jsonl = tmp_path / "conversations.jsonl"
+    jsonl.write_text("\n".join(json.dumps(item) for item in items) + "\n", encoding="utf-8")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"user_id": "u", "session_id": "s", "messages": []}\n', encoding="utf-8")
+    assert memctl("import", str(bad)).returncode == 1  # invalid: nothing enqueued
+    assert clean_redis.llen(EXTRACT_QUEUE) == 0
+    workers()
+    assert memctl("health").returncode == 0
+    out = memctl("import", str(jsonl), "--wait", "60")
+    assert out.returncode == 0, out.stderr
+    assert "enqueued 8 episodes" in out.stdout and "persisted=8" in out.stdout
+    assert graph_facts(store, user)["episodes"] == 8

@@ -18,6 +18,7 @@ from tests.ingest_helpers import episodes_for, graph_facts
 from tests.llm_standin import Reply, StandIn, answer
 from tests.services import ROOT, RedisClient, services
 from tests.workers import WorkerProcess, celery_pids
+from worker.cli import enqueue_letter
 from worker.deadletter import DeadLetterStore
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
@@ -166,16 +167,9 @@ def test_persist_stage_dead_letter_keeps_the_extraction_and_replay_skips_the_llm
     services("up", "neo4j")
     dead = DeadLetterStore(clean_redis)
     for letter in letters:
-        dead.replay(letter.id, lambda rec: str(_persist_again(client, rec.payload)))
+        dead.replay(letter.id, lambda rec: enqueue_letter(client, rec))
     wait_until(lambda: graph_facts(store, user)["episodes"] == 5, 60, "replayed persists")
     assert standin.calls == 5  # no new extraction
-
-
-def _persist_again(client: MemoryClient, payload: dict[str, Any]) -> str:
-    from worker.celery_app import PERSIST_TASK
-
-    app = client._celery()
-    return str(app.signature(PERSIST_TASK, args=(payload,), queue=PERSIST_QUEUE).apply_async().id)
 
 
 def test_poison_message_is_dead_lettered_after_bounded_deliveries(

@@ -51,6 +51,37 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def extract_signature(app: Celery, payload: dict[str, Any], episode_id: str) -> Any:
+    """The extract stage, published straight to its queue (the anonymous exchange: no binding lookup).
+
+    argsrepr is set so that the conversation text never reaches task events, Flower or logs; the
+    result is ignored (it travels to persist in the chain), so the caller subscribes to nothing.
+    """
+    return app.signature(
+        EXTRACT_TASK,
+        args=(payload,),
+        queue=EXTRACT_QUEUE,
+        exchange="",
+        routing_key=EXTRACT_QUEUE,
+        ignore_result=True,
+        argsrepr=f"(<episode {episode_id}>,)",
+        kwargsrepr="{}",
+    )
+
+
+def persist_signature(app: Celery, payload: dict[str, Any] | None = None) -> Any:
+    """The persist stage: chained after extract (payload None), or on its own for a dead-letter replay."""
+    return app.signature(
+        PERSIST_TASK,
+        args=(payload,) if payload is not None else (),
+        queue=PERSIST_QUEUE,
+        exchange="",
+        routing_key=PERSIST_QUEUE,
+        argsrepr="(<extraction>,)",
+        kwargsrepr="{}",
+    )
+
+
 app = Celery("memory")
 
 

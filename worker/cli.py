@@ -127,17 +127,17 @@ def dlq_show(record_id: str) -> None:
     click.echo(letter.model_dump_json(indent=2))
 
 
-def _enqueue_letter(client: Any, letter: Any) -> str:
+def enqueue_letter(client: Any, letter: Any) -> str:
+    """Re-enqueue a dead letter at the stage that failed; returns the new final task id."""
     from celery import chain
 
-    from worker.celery_app import EXTRACT_TASK, PERSIST_TASK
+    from worker.celery_app import extract_signature, persist_signature
 
     app = client._celery()
-    persist = app.signature(PERSIST_TASK, queue=PERSIST_QUEUE)
     if letter.stage == "persist":  # the extraction result is in the record: no LLM call
-        return str(persist.clone(args=(letter.payload,)).apply_async().id)
-    extract = app.signature(EXTRACT_TASK, args=(letter.payload,), queue=EXTRACT_QUEUE)
-    return str(chain(extract, persist).apply_async().id)
+        return str(persist_signature(app, letter.payload).apply_async().id)
+    flow = chain(extract_signature(app, letter.payload, letter.episode_id), persist_signature(app))
+    return str(flow.apply_async().id)
 
 
 @dlq.command("replay")
@@ -161,7 +161,7 @@ def dlq_replay(record_ids: tuple[str, ...], replay_all: bool, dry_run: bool) -> 
     missing = 0
     with click.progressbar(ids, label="replay", file=sys.stderr) as bar:
         for rid in bar:
-            if store.replay(rid, lambda letter: _enqueue_letter(client, letter)) is None:
+            if store.replay(rid, lambda letter: enqueue_letter(client, letter)) is None:
                 missing += 1
     click.echo(f"replayed {len(ids) - missing}" + (f", {missing} not found" if missing else ""))
     if missing:
