@@ -1,6 +1,15 @@
 """What a caller imports: MemoryClient (add_episode, add_episodes, wait, ...). Importing it is light."""
 
-from api_stub.client import EpisodeReceipt, EpisodeState, MemoryClient
-from worker.errors import EpisodeRejected
+from api_stub.client import EpisodeReceipt, EpisodeState, ForgetReport, MemoryClient
+from worker.errors import EpisodeRejected, QueryRejected
+from worker.models import MemoryContext
 
-__all__ = ["EpisodeReceipt", "EpisodeRejected", "EpisodeState", "MemoryClient"]
+__all__ = [
+    "EpisodeReceipt",
+    "EpisodeRejected",
+    "EpisodeState",
+    "ForgetReport",
+    "MemoryClient",
+    "MemoryContext",
+    "QueryRejected",
+]

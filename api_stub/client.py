@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -10,9 +11,11 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from worker.errors import EpisodeRejected
-from worker.models import Episode, Limits, build_episode
+from worker.models import Episode, Limits, MemoryContext, build_episode
 from worker.pipeline import episode_payload
 from worker.settings import Settings
+
+audit = logging.getLogger("memory.audit")
 
 State = Literal["persisted", "unchanged", "dead_lettered", "pending"]
 
@@ -28,6 +31,16 @@ class EpisodeState(BaseModel):
     state: State  # unchanged: the same history was already extracted, nothing new to store
 
 
+class ForgetReport(BaseModel):
+    user_id: str
+    episodes: int
+    entities: int
+    relationships: int
+    session_progress: int
+    dead_letters: int
+    cached_keywords: int
+
+
 class MemoryClient:
     """Thread-safe; create one per process and reuse it (it holds the broker connection pool)."""
 
@@ -39,6 +52,8 @@ class MemoryClient:
             max_episode_chars=settings.max_episode_chars,
         )
         self._app: Any = None
+        self._recaller: Any = None
+        self._redis: Any = None
 
     @classmethod
     def from_env(cls) -> MemoryClient:
@@ -56,6 +71,7 @@ class MemoryClient:
 
             app = Celery("memory-client", set_as_current=False)
             app.conf.update({k: v for k, v in celery_config(self._settings).items() if k != "include"})
+            app.conf.task_send_sent_event = False  # one Redis round trip less per episode; workers report receipt
             self._app = app
         return self._app
 
@@ -142,7 +158,81 @@ class MemoryClient:
             for r in receipts
         ]
 
+    # --- recall and erasure -----------------------------------------------------------------------------
+
+    def _recall(self) -> Any:
+        if self._recaller is None:
+            from redis import Redis
+
+            from api_stub.recall import Recall
+            from worker.graph.neo4j_store import Neo4jGraphStore
+            from worker.keywords import KeywordExtractor
+
+            s = self._settings
+            budget_s = s.recall_budget_ms / 1000
+            password = s.neo4j_password.get_secret_value() if s.neo4j_password else None
+            store = Neo4jGraphStore(
+                s.neo4j_uri,
+                (s.neo4j_user, password) if password is not None else None,
+                database=s.neo4j_database,
+                connect_timeout_s=min(s.neo4j_connect_timeout_s, budget_s),
+                retry_time_s=0,  # recall answers within its budget; no driver-level retry loop
+                pool_size=s.neo4j_pool_size,
+            )
+            redis = Redis.from_url(s.redis_url, socket_timeout=budget_s, socket_connect_timeout=budget_s)
+            self._redis = redis
+            self._recaller = Recall(s, store, KeywordExtractor(s, redis=redis))
+        return self._recaller
+
+    def retrieve_memory(
+        self, user_id: str, query: str, *, limit: int | None = None, budget_ms: int | None = None, strict: bool = False
+    ) -> MemoryContext:
+        """The user's most relevant memories for the query, in this process, within the budget.
+
+        Store or cache outages give an empty context with degraded=True and the reason (strict: raise).
+        Bad input raises QueryRejected naming the field.
+        """
+        result: MemoryContext = self._recall().retrieve(user_id, query, limit=limit, budget_ms=budget_ms, strict=strict)
+        return result
+
+    def forget_user(self, user_id: str) -> ForgetReport:
+        """Erase everything kept about the user; idempotent. Raises if the store cannot be reached."""
+        from api_stub.recall import check_user_id
+        from worker.deadletter import DeadLetterStore
+        from worker.identity import user_tag
+        from worker.keys import keywords_cache_pattern
+
+        user_id = check_user_id(user_id)
+        recall = self._recall()
+        started = time.perf_counter()
+        graph = recall.store.delete_user(user_id)
+        dead_letters = DeadLetterStore(self._redis).purge_user(user_id)
+        cached = 0
+        for key in self._redis.scan_iter(keywords_cache_pattern(user_tag(user_id)), count=500):
+            cached += int(self._redis.delete(key))
+        report = ForgetReport(
+            user_id=user_id,
+            episodes=graph.episodes,
+            entities=graph.entities,
+            relationships=graph.relationships,
+            session_progress=graph.other_nodes,
+            dead_letters=dead_letters,
+            cached_keywords=cached,
+        )
+        audit.info(
+            "forget",
+            extra={
+                "event": "forget",
+                "user_id": user_id,
+                "removed": report.model_dump(exclude={"user_id"}),
+                "latency_ms": round((time.perf_counter() - started) * 1000, 2),
+            },
+        )
+        return report
+
     def close(self) -> None:
-        if self._app is not None:
-            self._app.close()
-            self._app = None
+        self._app = None
+        if self._recaller is not None:
+            self._recaller.close()
+            self._redis.close()
+            self._recaller = None

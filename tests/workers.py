@@ -63,6 +63,7 @@ class WorkerProcess:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
+            wait_group_dead(self.process.pid)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -71,6 +72,37 @@ class WorkerProcess:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
+            wait_group_dead(self.process.pid)
+
+
+def _group_alive(pgid: int) -> list[int]:
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and (fields[0] != "Z" or _holds_files(entry)):
+            alive.append(int(entry.name))
+    return alive
+
+
+def _holds_files(proc: Path) -> bool:
+    """A multi-threaded process shows Z as soon as its main thread exits, while other threads still run
+    and its sockets stay open; it is gone only when its descriptors are."""
+    try:
+        return any((proc / "fd").iterdir())
+    except OSError:
+        return False
+
+
+def wait_group_dead(pgid: int, timeout_s: float = 30) -> None:
+    """Until every process of the group has exited (its sockets closed), so no dead worker's BRPOP lingers."""
+    deadline = time.monotonic() + timeout_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def celery_pids(queue: str) -> list[int]:

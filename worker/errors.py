@@ -24,6 +24,15 @@ class EpisodeRejected(MemoryServiceError):
         super().__init__(f"{field}: {reason}" if field else reason)
 
 
+class QueryRejected(MemoryServiceError):
+    """A recall request that cannot be served as given (empty query, bad user id, limit out of range)."""
+
+    def __init__(self, reason: str, field: str | None = None) -> None:
+        self.reason = reason
+        self.field = field
+        super().__init__(f"{field}: {reason}" if field else reason)
+
+
 class StoreError(MemoryServiceError):
     """A graph-store failure. Subclasses say whether trying again can help."""
 

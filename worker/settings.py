@@ -89,6 +89,9 @@ class Settings(BaseSettings):
         4, ge=0, le=100, description="Earlier messages sent as context when a session grows."
     )
     result_expires_s: int = Field(7 * 86_400, ge=60, description="How long task outcomes are kept for wait().")
+    recall_budget_ms: int = Field(
+        1000, ge=10, le=60_000, description="Time recall may take before it answers (degraded if need be)."
+    )
     max_query_chars: int = Field(4_000, ge=1, le=1_000_000, description="Most characters in a recall query.")
     store_content: bool = Field(
         True, description="Keep the conversation text on the episode (off: only the summary is stored)."

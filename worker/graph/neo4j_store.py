@@ -180,14 +180,16 @@ class Neo4jGraphStore:
 
     # --- read --------------------------------------------------------------------------------------
 
-    def search(self, user_id: str, keywords: Sequence[str], text: str, limit: int) -> MemoryContext:
+    def search(
+        self, user_id: str, keywords: Sequence[str], text: str, limit: int, timeout_s: float | None = None
+    ) -> MemoryContext:
         query = build_query(user_tag(user_id), keywords, text)
         if query is None or limit <= 0:
             return MemoryContext()
         k = max(limit * 4, 20)
         with translated("search"), self._read_session() as session:
             row = session.run(
-                cypher.SEARCH,
+                Query(cypher.SEARCH, timeout=timeout_s),
                 lucene=query,
                 k=k,
                 limit=limit,

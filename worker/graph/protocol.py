@@ -32,7 +32,9 @@ class GraphStore(Protocol):
     def session_progress(self, user_id: str, key: str) -> tuple[int, str] | None:
         """(messages extracted, digest of them) for a session, or None."""
 
-    def search(self, user_id: str, keywords: Sequence[str], text: str, limit: int) -> MemoryContext:
+    def search(
+        self, user_id: str, keywords: Sequence[str], text: str, limit: int, timeout_s: float | None = None
+    ) -> MemoryContext:
         """The user's most relevant episodes for the keywords and text, with their entities and relations."""
 
     def delete_user(self, user_id: str) -> DeleteReport:

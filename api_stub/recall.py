@@ -1,0 +1,126 @@
+"""Recall inside the caller's process: keywords → one Cypher read → a MemoryContext, within a budget.
+
+The caller's conversation must never break because memory is unavailable: by default an outage gives an
+empty context flagged `degraded` (with the reason); strict=True raises instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from threading import Lock
+
+from pydantic import ValidationError
+
+from worker.errors import QueryRejected, StoreError
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.keywords import KeywordExtractor
+from worker.models import Identifier, MemoryContext
+from worker.settings import Settings
+
+log = logging.getLogger("memory.recall")
+audit = logging.getLogger("memory.audit")
+
+
+@dataclass
+class RecallCounters:
+    """Process-wide counters an operator can read (and the metrics endpoint will export)."""
+
+    recalls: int = 0
+    degraded: int = 0
+    foreign_results_dropped: int = 0
+    _lock: Lock = field(default_factory=Lock, repr=False)
+
+    def add(self, *, degraded: bool, dropped: int) -> None:
+        with self._lock:
+            self.recalls += 1
+            self.degraded += degraded
+            self.foreign_results_dropped += dropped
+
+
+def check_user_id(user_id: str) -> str:
+    from pydantic import TypeAdapter
+
+    try:
+        return TypeAdapter(Identifier).validate_python(user_id)
+    except ValidationError as exc:
+        raise QueryRejected(exc.errors()[0]["msg"], "user_id") from None
+
+
+def check_query(query: str, settings: Settings) -> str:
+    if not isinstance(query, str) or not query.strip():
+        raise QueryRejected("must not be empty or blank", "query")
+    if len(query) > settings.max_query_chars:
+        raise QueryRejected(f"{len(query)} characters; the limit is {settings.max_query_chars}", "query")
+    return query.strip()
+
+
+class Recall:
+    def __init__(self, settings: Settings, store: Neo4jGraphStore, keywords: KeywordExtractor) -> None:
+        self._settings = settings
+        self.store = store
+        self._keywords = keywords
+        self.counters = RecallCounters()
+
+    def close(self) -> None:
+        self._keywords.close()
+        self.store.close()
+
+    def retrieve(
+        self, user_id: str, query: str, *, limit: int | None = None, budget_ms: int | None = None, strict: bool = False
+    ) -> MemoryContext:
+        user_id = check_user_id(user_id)
+        query = check_query(query, self._settings)
+        if limit is not None and not 1 <= limit <= 100:
+            raise QueryRejected("must be between 1 and 100", "limit")
+        started = time.perf_counter()
+        budget_s = (budget_ms if budget_ms is not None else self._settings.recall_budget_ms) / 1000
+        keyword_budget = max(1, int(min(self._settings.keywords_budget_ms, budget_s * 1000 / 2)))
+        words = self._keywords.keywords(user_id, query, budget_ms=keyword_budget).words
+        remaining = max(0.05, budget_s - (time.perf_counter() - started))
+        try:
+            context = self.store.search(
+                user_id, words, query, limit or self._settings.recall_limit, timeout_s=remaining
+            )
+        except StoreError as exc:
+            if strict:
+                raise
+            log.warning("recall degraded", extra={"user_id": user_id, "error_class": exc.cause or type(exc).__name__})
+            context = MemoryContext(degraded=True, reason=f"store unavailable ({exc.cause or type(exc).__name__})")
+        context, dropped = self._only_own(user_id, context)
+        latency_ms = (time.perf_counter() - started) * 1000
+        self.counters.add(degraded=context.degraded, dropped=dropped)
+        audit.info(
+            "recall",
+            extra={
+                "event": "recall",
+                "user_id": user_id,
+                "episode_ids": [e.id for e in context.related_episodes],
+                "latency_ms": round(latency_ms, 2),
+                "degraded": context.degraded,
+            },
+        )
+        return context
+
+    def _only_own(self, user_id: str, context: MemoryContext) -> tuple[MemoryContext, int]:
+        """Drop anything that is not the user's. The store already filters: a drop here is a bug, so alert."""
+        episodes = [e for e in context.related_episodes if e.user_id == user_id]
+        entities = [e for e in context.related_entities if e.user_id == user_id]
+        relations = [r for r in context.related_relations if r.user_id == user_id]
+        dropped = (
+            len(context.related_episodes)
+            - len(episodes)
+            + len(context.related_entities)
+            - len(entities)
+            + len(context.related_relations)
+            - len(relations)
+        )
+        if dropped:
+            log.error(
+                "ALERT: recall returned another user's data; dropped", extra={"user_id": user_id, "dropped": dropped}
+            )
+            context = context.model_copy(
+                update={"related_episodes": episodes, "related_entities": entities, "related_relations": relations}
+            )
+        return context, dropped

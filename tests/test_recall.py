@@ -1,0 +1,148 @@
+"""retrieve_memory and forget_user through MemoryClient against real Neo4j and Redis."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import pytest
+
+from api_stub.client import MemoryClient
+from tests.factories import entities, record, relation
+from tests.services import RedisClient
+from worker.deadletter import DeadLetterStore
+from worker.errors import QueryRejected, StoreUnavailable
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.identity import user_tag
+from worker.keys import keywords_cache, keywords_cache_pattern
+
+NewUser = Callable[[str], str]
+CRAFTED = [
+    "*",
+    "?*",
+    '"lisbon"',
+    "lisbon AND OR NOT",
+    "user_id:someone-else",
+    "}) RETURN e //",
+    "' OR 1=1 --",
+    "back\\slash \\",
+    "x" * 3999,
+]
+
+
+def seed(store: Neo4jGraphStore, user: str, other: str) -> str:
+    mine = record(user, "Anna moved to Lisbon and works at Acme", summary="Anna moved to Lisbon")
+    store.save_episode(mine, entities("Anna", "Lisbon", "Acme"), [relation("Anna", "Lisbon", 0.8, "lives in")])
+    store.save_episode(record(user, "I bought a new laptop"), entities("Laptop"), [])
+    store.save_episode(record(other, "Anna from Lisbon is my secret"), entities("Anna", "Lisbon"), [])
+    return mine.id
+
+
+def test_recall_returns_the_users_episode_with_entities_and_relations(
+    client: MemoryClient, store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    user, other = new_user("me"), new_user("other")
+    wanted = seed(store, user, other)
+    context = client.retrieve_memory(user, "Where does Anna live now?")
+    assert not context.degraded
+    assert context.related_episodes[0].id == wanted
+    assert {e.user_id for e in context.related_episodes} == {user}
+    assert {e.name for e in context.related_entities} >= {"Anna", "Lisbon"}
+    assert [(r.source, r.target) for r in context.related_relations] == [("Anna", "Lisbon")]
+    assert len(client.retrieve_memory(user, "Anna laptop Lisbon", limit=1).related_episodes) == 1
+
+
+@pytest.mark.parametrize("query", CRAFTED)
+def test_crafted_queries_never_fail_and_never_leak(
+    client: MemoryClient, store: Neo4jGraphStore, new_user: NewUser, query: str
+) -> None:
+    user, other = new_user("me"), new_user("other")
+    seed(store, user, other)
+    context = client.retrieve_memory(user, query)
+    assert not context.degraded
+    assert all(e.user_id == user for e in context.related_episodes)
+    assert all(n.user_id == user for n in context.related_entities)
+    assert all(r.user_id == user for r in context.related_relations)
+
+
+@pytest.mark.parametrize(
+    ("user_id", "query", "limit", "field"),
+    [
+        ("u", "", None, "query"),
+        ("u", "   \n", None, "query"),
+        ("", "hello", None, "user_id"),
+        ("u", "x" * 4001, None, "query"),
+        ("u", "hello", 0, "limit"),
+    ],
+)
+def test_bad_recall_input_is_rejected(
+    client: MemoryClient, user_id: str, query: str, limit: int | None, field: str
+) -> None:
+    with pytest.raises(QueryRejected) as info:
+        client.retrieve_memory(user_id, query, limit=limit)
+    assert info.value.field == field
+
+
+def test_recall_is_audited_without_query_text(
+    client: MemoryClient, store: Neo4jGraphStore, new_user: NewUser, caplog: pytest.LogCaptureFixture
+) -> None:
+    user = new_user("audit")
+    wanted = seed(store, user, new_user("x"))
+    with caplog.at_level(logging.INFO, logger="memory.audit"):
+        client.retrieve_memory(user, "secret question about Lisbon")
+    [entry] = [r for r in caplog.records if r.name == "memory.audit"]
+    assert entry.user_id == user and wanted in entry.episode_ids  # type: ignore[attr-defined]
+    assert entry.degraded is False and entry.latency_ms >= 0  # type: ignore[attr-defined]
+    assert "secret question" not in entry.getMessage() and "secret question" not in str(entry.__dict__)
+
+
+@pytest.mark.usefixtures("neo4j_restorer")
+def test_neo4j_down_gives_a_degraded_context_within_the_budget_and_strict_raises(
+    client: MemoryClient, store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    from tests.services import services
+
+    user = new_user("down")
+    seed(store, user, new_user("x"))
+    client.retrieve_memory(user, "Lisbon")  # connections made while Neo4j is up
+    services("down", "neo4j")
+    started = time.monotonic()
+    context = client.retrieve_memory(user, "Lisbon", budget_ms=1000)
+    assert time.monotonic() - started < 1.5
+    assert context.degraded and context.related_episodes == [] and context.reason
+    with pytest.raises(StoreUnavailable):
+        client.retrieve_memory(user, "Lisbon", strict=True)
+    services("up", "neo4j")
+    assert not client.retrieve_memory(user, "Lisbon").degraded
+
+
+def test_forget_user_erases_graph_dead_letters_and_cache_and_keeps_others(
+    client: MemoryClient, store: Neo4jGraphStore, clean_redis: RedisClient, new_user: NewUser
+) -> None:
+    user, other = new_user("gone"), new_user("kept")
+    seed(store, user, other)
+    DeadLetterStore(clean_redis).add(
+        stage="extract",
+        task_name="memory.extract_episode",
+        task_id="t",
+        episode_id="ep-x",
+        user_id=user,
+        payload={"episode": {"id": "ep-x"}},
+        error_class="StoreUnavailable",
+        message="down",
+    )
+    clean_redis.set(keywords_cache(user_tag(user), "abc"), "[]")
+    clean_redis.set(keywords_cache(user_tag(other), "abc"), "[]")
+
+    report = client.forget_user(user)
+    assert (report.episodes, report.entities, report.relationships) == (2, 4, 1)
+    assert (report.dead_letters, report.cached_keywords) == (1, 1)
+    with store._session() as s:
+        assert s.run("MATCH (n {user_id: $u}) RETURN count(n) AS n", u=user).single(strict=True)["n"] == 0
+    assert DeadLetterStore(clean_redis).count() == 0
+    assert list(clean_redis.scan_iter(keywords_cache_pattern(user_tag(user)))) == []
+    assert clean_redis.exists(keywords_cache(user_tag(other), "abc")) == 1
+    assert store.stats(other).episodes == 1
+    again = client.forget_user(user)
+    assert (again.episodes, again.entities, again.dead_letters) == (0, 0, 0)
