@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from api_stub.client import MemoryClient
 from tests.factories import entities, record, relation
@@ -146,3 +150,39 @@ def test_forget_user_erases_graph_dead_letters_and_cache_and_keeps_others(
     assert store.stats(other).episodes == 1
     again = client.forget_user(user)
     assert (again.episodes, again.entities, again.dead_letters) == (0, 0, 0)
+
+
+def test_memctl_recall_and_forget(store: Neo4jGraphStore, new_user: NewUser) -> None:
+    from tests.test_policy_and_dlq import memctl
+
+    user = new_user("cli")
+    wanted = seed(store, user, new_user("x"))
+    out = memctl("recall", "--user", user, "Where does Anna live?", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["related_episodes"][0]["id"] == wanted
+    assert memctl("recall", "--user", user, "   ").returncode == 2
+    gone = memctl("forget", "--user", user, "--yes")
+    assert gone.returncode == 0 and json.loads(gone.stdout)["episodes"] == 2
+    assert store.stats(user).episodes == 0
+
+
+users = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=20).filter(str.strip)
+queries = st.one_of(
+    st.sampled_from([*CRAFTED[:-1], "Anna", "Lisbon", "laptop", "北京", "AND", "OR", "*:*"]),
+    st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=60).filter(str.strip),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(me=users, query=queries)
+def test_recall_never_leaks_for_random_users_and_queries(
+    client: MemoryClient, store: Neo4jGraphStore, new_user: NewUser, me: str, query: str
+) -> None:
+    example = uuid.uuid4().hex[:8]
+    user, other = new_user(f"{example}-{me}"), new_user(f"{example}-other")
+    seed(store, user, other)
+    context = client.retrieve_memory(user, query)
+    assert all(e.user_id == user for e in context.related_episodes)
+    assert all(n.user_id == user for n in context.related_entities)
+    assert all(r.user_id == user for r in context.related_relations)
+    assert client._recall().counters.foreign_results_dropped == 0

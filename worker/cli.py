@@ -198,6 +198,55 @@ def dlq_purge(record_ids: tuple[str, ...], purge_all: bool, older_than: str | No
 
 
 @main.command()
+@click.option("--user", "user_id", required=True)
+@click.argument("query")
+@click.option("--limit", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True)
+def recall(user_id: str, query: str, limit: int | None, as_json: bool) -> None:
+    """What the memory returns for a user's query (the same call an agent engine makes)."""
+    from api_stub.client import MemoryClient
+
+    client = MemoryClient(_settings())
+    try:
+        context = client.retrieve_memory(user_id, query, limit=limit)
+    except MemoryServiceError as exc:
+        raise click.UsageError(str(exc)) from None
+    finally:
+        client.close()
+    if as_json:
+        click.echo(context.model_dump_json(indent=2))
+    else:
+        if context.degraded:
+            click.echo(f"degraded: {context.reason}")
+        for hit in context.related_episodes:
+            click.echo(f"{hit.score:.4f}  {hit.id}  [{', '.join(hit.matched_by)}]  {hit.summary}")
+        if context.related_entities:
+            click.echo("entities: " + ", ".join(f"{e.name} ({e.type})" for e in context.related_entities))
+        for rel in context.related_relations:
+            click.echo(f"  {rel.source} -[{rel.description or 'related'} {rel.weight:g}]-> {rel.target}")
+    sys.exit(1 if context.degraded else 0)
+
+
+@main.command()
+@click.option("--user", "user_id", required=True)
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def forget(user_id: str, yes: bool) -> None:
+    """Erase everything kept about a user (graph, dead letters, cached keywords)."""
+    from api_stub.client import MemoryClient
+
+    if not yes and not click.confirm(f"erase all memory of user {user_id!r}?"):
+        sys.exit(1)
+    client = MemoryClient(_settings())
+    try:
+        report = client.forget_user(user_id)
+    except MemoryServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        client.close()
+    click.echo(report.model_dump_json())
+
+
+@main.command()
 @click.option("--timeout", "timeout_s", type=float, default=3.0, show_default=True)
 def health(timeout_s: float) -> None:
     """Exit 0 when Redis, Neo4j and at least one worker answer."""
