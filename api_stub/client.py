@@ -54,6 +54,7 @@ class MemoryClient:
         self._app: Any = None
         self._recaller: Any = None
         self._redis: Any = None
+        self._inflight: Any = None
 
     @classmethod
     def from_env(cls) -> MemoryClient:
@@ -127,15 +128,32 @@ class MemoryClient:
                 raise EpisodeRejected(exc.reason, f"[{index}].{exc.field}" if exc.field else f"[{index}]") from None
         return [self.enqueue(e) for e in episodes]
 
+    def _in_flight(self) -> Any:
+        if self._inflight is None:
+            from redis import Redis
+
+            from worker.inflight import InFlight
+
+            self._inflight = InFlight(Redis.from_url(self._settings.redis_url, socket_timeout=5))
+        return self._inflight
+
     def enqueue(self, episode: Episode) -> EpisodeReceipt:
+        """Record the episode as in flight, then publish its chain: a message lost by the broker is found
+        again by the sweep (see worker/inflight.py)."""
+        payload = episode_payload(episode)
+        self._in_flight().add(episode.id, episode.user_id, payload)
+        return EpisodeReceipt(episode_id=episode.id, task_id=self.publish(payload))
+
+    def publish(self, payload: dict[str, Any]) -> str:
+        """Publish extract → persist for an episode payload; returns the final (persist) task id."""
         from celery import chain
 
         from worker.celery_app import extract_signature, persist_signature
 
         app = self._celery()
-        flow = chain(extract_signature(app, episode_payload(episode), episode.id), persist_signature(app))
-        result = flow.apply_async()
-        return EpisodeReceipt(episode_id=episode.id, task_id=result.id)
+        episode_id = payload["episode"]["id"]
+        flow = chain(extract_signature(app, payload, episode_id), persist_signature(app, episode_id))
+        return str(flow.apply_async().id)
 
     def wait(self, receipts: Sequence[EpisodeReceipt], timeout_s: float = 60.0) -> list[EpisodeState]:
         """Each episode's state once final, or 'pending' for those not final when the timeout ends."""
@@ -207,6 +225,7 @@ class MemoryClient:
         started = time.perf_counter()
         graph = recall.store.delete_user(user_id)
         dead_letters = DeadLetterStore(self._redis).purge_user(user_id)
+        self._in_flight().purge_user(user_id)
         cached = 0
         for key in self._redis.scan_iter(keywords_cache_pattern(user_tag(user_id)), count=500):
             cached += int(self._redis.delete(key))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,10 @@ log = logging.getLogger(__name__)
 DELIVERY_KEY_TTL_S = 7 * 86_400
 
 
+def _episode_id(payload: dict[str, Any]) -> str:
+    return str(payload.get("episode_id") or (payload.get("episode") or {}).get("id", ""))
+
+
 class StageTask(Task):  # type: ignore[misc]
     stage: Stage = "extract"
     max_retries = None  # Celery's own limit is off: tasks/policy.py decides when to give up
@@ -30,6 +35,8 @@ class StageTask(Task):  # type: ignore[misc]
         The dead letter is written before this returns, so before the message is acknowledged."""
         rt = runtime()
         request = self.request
+        episode_id = _episode_id(payload)
+        rt.inflight.touch(episode_id, time.time())
         delivery_key = keys.deliveries(request.id, request.retries or 0)
         deliveries = int(rt.redis.incr(delivery_key))
         rt.redis.expire(delivery_key, DELIVERY_KEY_TTL_S)
@@ -47,13 +54,14 @@ class StageTask(Task):  # type: ignore[misc]
                     "stage failed; retrying",
                     extra={
                         "stage": self.stage,
-                        "episode_id": payload.get("episode_id") or payload.get("episode", {}).get("id"),
+                        "episode_id": episode_id,
                         "error_class": type(exc).__name__,
                         "attempt": request.retries,
                         "delay_s": round(delay, 2),
                     },
                 )
                 rt.redis.delete(delivery_key)
+                rt.inflight.touch(episode_id, time.time() + delay)
                 raise self.retry(exc=exc, countdown=delay) from exc
             return self._dead_letter(rt, payload, type(exc).__name__, str(exc), traceback.format_exc(), delivery_key)
         rt.redis.delete(delivery_key)
@@ -62,9 +70,8 @@ class StageTask(Task):  # type: ignore[misc]
     def _dead_letter(
         self, rt: Runtime, payload: dict[str, Any], error_class: str, message: str, trace: str, delivery_key: str
     ) -> dict[str, Any]:
-        episode = payload.get("episode") or {}
-        episode_id = payload.get("episode_id") or episode.get("id", "")
-        user_id = payload.get("user_id") or episode.get("user_id", "")
+        episode_id = _episode_id(payload)
+        user_id = payload.get("user_id") or (payload.get("episode") or {}).get("user_id", "")
         rt.dead_letters.add(
             stage=self.stage,
             task_name=self.name,
@@ -78,6 +85,7 @@ class StageTask(Task):  # type: ignore[misc]
             attempts=(self.request.retries or 0) + 1,
         )
         rt.redis.delete(delivery_key)
+        rt.inflight.done(episode_id)  # the dead-letter store holds it now
         log.error(
             "episode dead-lettered",
             extra={"stage": self.stage, "episode_id": episode_id, "error_class": error_class},

@@ -30,7 +30,9 @@ def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
     def body(rt: Runtime) -> dict[str, Any]:
         if payload.get("status") == "extracted":  # upstream outcomes (unchanged, dead-lettered) pass through
             rt.ensure_schema()
-        return persist_stage(payload, store=rt.store)
+        outcome = persist_stage(payload, store=rt.store)
+        rt.inflight.done(outcome["episode_id"])  # final: persisted, unchanged, or dead-lettered upstream
+        return outcome
 
     return self.guarded(payload, body)
 

@@ -220,3 +220,32 @@ def test_tasks_queued_across_a_redis_restart_complete(
     states = client.wait(receipts, timeout_s=120)
     assert {s.state for s in states} == {"persisted"}
     assert graph_facts(store, user)["episodes"] == 30
+
+
+def test_a_message_lost_by_the_broker_is_found_again_by_the_sweep(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    standin: StandIn,
+    new_user: Callable[[str], str],
+) -> None:
+    from tests.test_policy_and_dlq import memctl
+    from worker.inflight import InFlight
+    from worker.keys import INFLIGHT_INDEX
+
+    standin.default = lambda _request: answer(GOOD)
+    user = new_user("lost")
+    items, _ = episodes_for([user], 3, seed=10)
+    receipts = client.add_episodes(items)
+    # Lose the oldest message as a worker dying right after its BRPOP would, long enough ago to count.
+    assert clean_redis.rpop(EXTRACT_QUEUE) is not None
+    clean_redis.zadd(INFLIGHT_INDEX, {receipts[0].episode_id: time.time() - 3600})
+    worker = workers(**stand_in_env(standin))
+    # Once the queues drain, the worker's periodic sweep finds the silent episode and sends it again.
+    wait_until(lambda: graph_facts(store, user)["episodes"] == 3, 90, "the lost episode")
+    assert "re-enqueued 1 silent episode" in worker.log_path.read_text()
+    assert InFlight(clean_redis).count() == 0
+    assert memctl("sweep").stdout.strip() == "re-enqueued 0"
+    assert [s.state for s in client.wait(receipts, 10)] == ["persisted"] * 3
+    assert sorted(extraction_calls(standin).values()) == [1] * 3

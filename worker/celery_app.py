@@ -69,7 +69,13 @@ def extract_signature(app: Celery, payload: dict[str, Any], episode_id: str) -> 
     )
 
 
-def persist_signature(app: Celery, payload: dict[str, Any] | None = None) -> Any:
+def persist_task_id(episode_id: str) -> str:
+    """One id per episode for its final stage, so a re-enqueued episode (sweep, replay) reports its outcome
+    where the caller's receipt looks for it."""
+    return f"persist:{episode_id}"
+
+
+def persist_signature(app: Celery, episode_id: str, payload: dict[str, Any] | None = None) -> Any:
     """The persist stage: chained after extract (payload None), or on its own for a dead-letter replay."""
     return app.signature(
         PERSIST_TASK,
@@ -79,6 +85,7 @@ def persist_signature(app: Celery, payload: dict[str, Any] | None = None) -> Any
         routing_key=PERSIST_QUEUE,
         argsrepr="(<extraction>,)",
         kwargsrepr="{}",
+        task_id=persist_task_id(episode_id),
     )
 
 

@@ -45,13 +45,21 @@ def worker(extract_concurrency: int, persist_concurrency: int, queues: str, logl
     """Start workers for the extract and persist queues (and restart them if they die)."""
     from worker.supervisor import Child, supervise
 
-    _settings()  # refuse to start on invalid settings
+    settings = _settings()  # refuse to start on invalid settings
     wanted = [q.strip() for q in queues.split(",") if q.strip()]
     unknown = set(wanted) - {EXTRACT_QUEUE, PERSIST_QUEUE}
     if unknown or not wanted:
         raise click.UsageError(f"unknown queue(s): {', '.join(sorted(unknown)) or '(none)'}")
     concurrency = {EXTRACT_QUEUE: extract_concurrency, PERSIST_QUEUE: persist_concurrency}
-    sys.exit(supervise([Child(q, concurrency[q], loglevel) for q in wanted]))
+    from api_stub.client import MemoryClient
+
+    client = MemoryClient(settings)
+
+    def sweep() -> int:
+        return int(client._in_flight().sweep(settings.silent_episode_s, client.publish))
+
+    children = [Child(q, concurrency[q], loglevel) for q in wanted]
+    sys.exit(supervise(children, sweep, settings.sweep_interval_s))
 
 
 @main.command("import")
@@ -129,15 +137,12 @@ def dlq_show(record_id: str) -> None:
 
 def enqueue_letter(client: Any, letter: Any) -> str:
     """Re-enqueue a dead letter at the stage that failed; returns the new final task id."""
-    from celery import chain
+    from worker.celery_app import persist_signature
 
-    from worker.celery_app import extract_signature, persist_signature
-
-    app = client._celery()
     if letter.stage == "persist":  # the extraction result is in the record: no LLM call
-        return str(persist_signature(app, letter.payload).apply_async().id)
-    flow = chain(extract_signature(app, letter.payload, letter.episode_id), persist_signature(app))
-    return str(flow.apply_async().id)
+        return str(persist_signature(client._celery(), letter.episode_id, letter.payload).apply_async().id)
+    client._in_flight().add(letter.episode_id, letter.user_id, letter.payload)
+    return str(client.publish(letter.payload))
 
 
 @dlq.command("replay")
@@ -195,6 +200,19 @@ def dlq_purge(record_ids: tuple[str, ...], purge_all: bool, older_than: str | No
         sys.exit(1)
     removed = sum(store.remove(rid) for rid in ids)
     click.echo(f"purged {removed}")
+
+
+@main.command()
+@click.option("--silent-for", "silent_for_s", type=float, default=None, help="Seconds (default from settings).")
+def sweep(silent_for_s: float | None) -> None:
+    """Re-enqueue accepted episodes that went silent (a message lost by the broker). `memctl worker` runs
+    this every MEMORY_SWEEP_INTERVAL_S."""
+    from api_stub.client import MemoryClient
+
+    settings = _settings()
+    client = MemoryClient(settings)
+    found = client._in_flight().sweep(silent_for_s or settings.silent_episode_s, client.publish)
+    click.echo(f"re-enqueued {found}")
 
 
 @main.command()

@@ -9,6 +9,11 @@ LLM_RATE_LIMIT = f"{PREFIX}:ratelimit:llm"
 EXTRACT_QUEUE = "memory.extract"
 PERSIST_QUEUE = "memory.persist"
 
+INFLIGHT_INDEX = f"{PREFIX}:inflight"  # sorted set: episode id → last sign of life
+INFLIGHT_PAYLOADS = f"{PREFIX}:inflight:payloads"  # hash: episode id → {"user_id", "payload"}
+INFLIGHT_SWEEP_LOCK = f"{PREFIX}:inflight:sweep-lock"
+KOMBU_UNACKED = "unacked"  # kombu's hash of messages delivered to a worker and not acknowledged yet
+
 DLQ_INDEX = f"{PREFIX}:dlq:index"  # sorted set: record id → first failure time
 
 

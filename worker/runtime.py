@@ -9,6 +9,7 @@ from typing import Any
 
 from worker.deadletter import DeadLetterStore
 from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.inflight import InFlight
 from worker.llm.client import LLMClient, build_client
 from worker.offline import MODEL_NAME as OFFLINE
 from worker.settings import Settings, get_settings
@@ -21,6 +22,7 @@ class Runtime:
     store: Neo4jGraphStore
     llm: LLMClient | None
     dead_letters: DeadLetterStore
+    inflight: InFlight
     _schema_ready: bool = field(default=False)
 
     def ensure_schema(self) -> None:
@@ -52,6 +54,7 @@ def runtime() -> Runtime:
                 store=Neo4jGraphStore.from_settings(settings),
                 llm=None if settings.llm_model == OFFLINE else build_client(settings, lambda: redis),
                 dead_letters=DeadLetterStore(redis),
+                inflight=InFlight(redis),
             )
             _pid = os.getpid()
         return _runtime

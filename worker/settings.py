@@ -85,6 +85,12 @@ class Settings(BaseSettings):
     unacked_restore_throttle: int = Field(
         10, ge=1, le=1000, description="kombu: only every Nth sweep scans Redis (1: every sweep)."
     )
+    sweep_interval_s: int = Field(
+        60, ge=1, le=86_400, description="How often `memctl worker` looks for accepted episodes gone silent."
+    )
+    sweep_grace_s: int = Field(
+        60, ge=0, le=86_400, description="With the broker idle, an episode silent this long counts as lost."
+    )
     extract_context_messages: int = Field(
         4, ge=0, le=100, description="Earlier messages sent as context when a session grows."
     )
@@ -110,6 +116,11 @@ class Settings(BaseSettings):
         if value is not None and not value.is_file():
             raise ValueError(f"no such file: {value}")
         return value
+
+    @property
+    def silent_episode_s(self) -> float:
+        """With the broker idle, an accepted episode silent for this long was lost on the way."""
+        return float(self.sweep_grace_s)
 
     @model_validator(mode="after")
     def _visibility_outlasts_retries(self) -> Settings:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -52,8 +53,10 @@ class Child:
         self.process = subprocess.Popen(self.command())
 
 
-def supervise(children: list[Child]) -> int:
+def supervise(children: list[Child], sweep: Callable[[], int] | None = None, sweep_interval_s: float = 60) -> int:
+    """Run the children until SIGTERM/SIGINT; every sweep_interval_s, re-enqueue episodes gone silent."""
     stopping = False
+    next_sweep = time.monotonic() + sweep_interval_s
 
     def stop(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
@@ -65,6 +68,14 @@ def supervise(children: list[Child]) -> int:
         child.start()
     while not stopping:
         time.sleep(0.2)
+        if sweep is not None and time.monotonic() >= next_sweep:
+            next_sweep = time.monotonic() + sweep_interval_s
+            try:
+                found = sweep()
+                if found:
+                    print(f"memctl worker: re-enqueued {found} silent episode(s)", file=sys.stderr, flush=True)
+            except Exception as exc:  # Redis away: the next round tries again
+                print(f"memctl worker: sweep failed ({type(exc).__name__})", file=sys.stderr, flush=True)
         for child in children:
             if child.process is not None and child.process.poll() is not None and not stopping:
                 print(
