@@ -148,10 +148,11 @@ class MemoryClient:
         """Publish extract → persist for an episode payload; returns the final (persist) task id."""
         from celery import chain
 
-        from worker.celery_app import extract_signature, persist_signature
+        from worker.celery_app import extract_signature, persist_signature, persist_task_id
 
         app = self._celery()
         episode_id = payload["episode"]["id"]
+        app.backend.forget(persist_task_id(episode_id))  # an outcome of an earlier send is not this one's
         flow = chain(extract_signature(app, payload, episode_id), persist_signature(app, episode_id))
         return str(flow.apply_async().id)
 

@@ -245,7 +245,7 @@ def test_a_message_lost_by_the_broker_is_found_again_by_the_sweep(
     # Once the queues drain, the worker's periodic sweep finds the silent episode and sends it again.
     wait_until(lambda: graph_facts(store, user)["episodes"] == 3, 90, "the lost episode")
     assert "re-enqueued 1 silent episode" in worker.log_path.read_text()
-    assert InFlight(clean_redis).count() == 0
+    wait_until(lambda: InFlight(clean_redis).count() == 0, 30, "the in-flight record to be closed")
     assert memctl("sweep").stdout.strip() == "re-enqueued 0"
     assert [s.state for s in client.wait(receipts, 10)] == ["persisted"] * 3
     assert sorted(extraction_calls(standin).values()) == [1] * 3
