@@ -88,8 +88,11 @@ def test_a_session_sent_again_extracts_only_the_new_messages(
 def test_add_episode_returns_before_any_extraction(
     clean_redis: RedisClient, client: MemoryClient, new_user: Callable[[str], str]
 ) -> None:
+    from worker.inflight import InFlight
+
     receipt = client.add_episode(new_user("q"), "s", [{"role": "user", "content": "no worker is running"}])
-    assert clean_redis.llen(EXTRACT_QUEUE) == 1
+    # Accepted and recorded, nothing done yet: the call only validated and enqueued.
+    assert InFlight(clean_redis).count() == 1
     assert client.wait([receipt], timeout_s=0.5)[0].state == "pending"
 
 

@@ -92,12 +92,19 @@ def _group_alive(pgid: int) -> list[int]:
 
 
 def _holds_files(proc: Path) -> bool:
-    """A multi-threaded process shows Z as soon as its main thread exits, while other threads still run
-    and its sockets stay open; it is gone only when its descriptors are."""
+    """A multi-threaded process shows Z as soon as its main thread exits, while its other threads still
+    run and keep its sockets open; it is gone only when no thread of it is left running."""
     try:
-        return any((proc / "fd").iterdir())
+        tasks = list((proc / "task").iterdir())
     except OSError:
         return False
+    for task in tasks:
+        try:
+            if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def wait_group_dead(pgid: int, timeout_s: float = 30) -> None:
