@@ -39,5 +39,8 @@ bench: install services-up
 	$(VENV)/bin/python -m tests.benchmarks.bench_extract
 	$(VENV)/bin/python -m tests.benchmarks.bench_store
 
+demo: install services-up
+	$(VENV)/bin/python deploy/demo/run_demo.py
+
 clean: services-down
 	rm -rf .var $(VENV) deploy/neo4j/target

@@ -1,0 +1,88 @@
+"""The demo: real Redis and Neo4j, a real worker, bundled conversations, then what was remembered.
+
+    make demo      (installs, starts the local services, then runs this)
+
+With MEMORY_LLM_MODEL set to a litellm model (and its key in the environment) the worker uses that model;
+by default it uses the offline extractor, so no network or key is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CONVERSATIONS = Path(__file__).with_name("conversations.jsonl")
+QUESTIONS = {
+    "alice": ["Where does my sister live?", "Who do I run with?"],
+    "bob": ["What is my dog like?", "What did my boss ask me?"],
+    "wang": ["北京冬天冷吗", "我在哪里工作"],
+}
+
+
+def load_env() -> None:
+    env_file = ROOT / ".var" / "services.env"
+    for line in env_file.read_text().splitlines() if env_file.exists() else []:
+        name, sep, value = line.partition("=")
+        if sep:
+            os.environ.setdefault(name.strip(), value.strip())
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def main() -> int:
+    load_env()
+    from api_stub import MemoryClient
+
+    client = MemoryClient.from_env()
+    log = ROOT / ".var" / "demo-worker.log"
+    print(f"model: {client.settings.llm_model}   worker log: {log}")
+    with log.open("ab") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "worker", "--extract-concurrency", "4", "--persist-concurrency", "2"],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        items = [json.loads(line) for line in CONVERSATIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
+        receipts = client.add_episodes(items)
+        print(f"enqueued {len(receipts)} conversations from {len({i['user_id'] for i in items})} users")
+        deadline = time.monotonic() + 180
+        while True:
+            states = client.wait(receipts, timeout_s=1)
+            done = sum(s.state != "pending" for s in states)
+            print(f"\r  processed {done}/{len(receipts)}", end="", flush=True)
+            if done == len(receipts) or time.monotonic() > deadline:
+                break
+        print()
+        for state in states:
+            if state.state != "persisted":
+                print(f"  {state.episode_id}: {state.state}")
+        for user, questions in QUESTIONS.items():
+            print(f"\n== {user}")
+            for question in questions:
+                context = client.retrieve_memory(user, question)
+                print(f"  Q: {question}")
+                for hit in context.related_episodes[:2]:
+                    print(f"    - {hit.summary}  (score {hit.score:.3f}, {', '.join(hit.matched_by)})")
+                if context.related_entities:
+                    print("    entities: " + ", ".join(f"{e.name} [{e.type}]" for e in context.related_entities[:8]))
+                for rel in context.related_relations[:4]:
+                    print(f"    {rel.source} —{rel.description}→ {rel.target} (weight {rel.weight:g})")
+        print("\nFlower: .venv/bin/celery -A worker.celery_app flower  (http://127.0.0.1:5555)")
+        print("Stop the local services with: make services-down")
+        return 0 if all(s.state == "persisted" for s in states) else 1
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=60)
+        client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
