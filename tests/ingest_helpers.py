@@ -33,13 +33,17 @@ def episodes_for(users: list[str], per_user: int, seed: int = 1) -> tuple[list[d
 def graph_facts(store: Neo4jGraphStore, user: str) -> dict[str, Any]:
     """Counts that expose any double write: episodes, entities, MENTIONS vs distinct pairs vs mention counters."""
     with store._session() as s:
+        # Three subqueries of one row each: under concurrent writes, per-row property reads of one big
+        # aggregation could disagree and split it into several rows.
         row = s.run(
             """
-            MATCH (e:Episode {user_id: $u}) WITH count(e) AS episodes
-            OPTIONAL MATCH (n:Entity {user_id: $u}) WITH episodes, collect(n) AS ents
-            OPTIONAL MATCH (ep:Episode {user_id: $u})-[m:MENTIONS]->(x:Entity)
-            RETURN episodes, [n IN ents | n.name] AS names, reduce(s = 0, n IN ents | s + n.mentions) AS counters,
-                   count(m) AS mentions, count(DISTINCT [ep.id, x.uid]) AS pairs
+            CALL () { MATCH (e:Episode {user_id: $u}) RETURN count(e) AS episodes }
+            CALL () { MATCH (n:Entity {user_id: $u}) RETURN collect(n.name) AS names, sum(n.mentions) AS counters }
+            CALL () {
+              MATCH (ep:Episode {user_id: $u})-[m:MENTIONS]->(x:Entity)
+              RETURN count(m) AS mentions, count(DISTINCT [ep.id, x.uid]) AS pairs
+            }
+            RETURN episodes, names, counters, mentions, pairs
             """,
             u=user,
         ).single(strict=True)

@@ -118,7 +118,8 @@ def test_neo4j_down_gives_a_degraded_context_within_the_budget_and_strict_raises
     with pytest.raises(StoreUnavailable):
         client.retrieve_memory(user, "Lisbon", strict=True)
     services("up", "neo4j")
-    assert not client.retrieve_memory(user, "Lisbon").degraded
+    # A Neo4j just started plans its first queries slowly: allow it more than the default budget once.
+    assert not client.retrieve_memory(user, "Lisbon", budget_ms=20_000).degraded
 
 
 def test_forget_user_erases_graph_dead_letters_and_cache_and_keeps_others(

@@ -62,7 +62,7 @@ def main() -> int:
                 break
         print()
         for state in states:
-            if state.state != "persisted":
+            if state.state not in ("persisted", "unchanged"):  # unchanged: remembered by an earlier run
                 print(f"  {state.episode_id}: {state.state}")
         for user, questions in QUESTIONS.items():
             print(f"\n== {user}")
@@ -77,7 +77,7 @@ def main() -> int:
                     print(f"    {rel.source} —{rel.description}→ {rel.target} (weight {rel.weight:g})")
         print("\nFlower: .venv/bin/celery -A worker.celery_app flower  (http://127.0.0.1:5555)")
         print("Stop the local services with: make services-down")
-        return 0 if all(s.state == "persisted" for s in states) else 1
+        return 0 if all(s.state in ("persisted", "unchanged") for s in states) else 1
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=60)
