@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from threading import Lock
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from worker.errors import QueryRejected, StoreError
 from worker.graph.neo4j_store import Neo4jGraphStore
@@ -39,11 +40,14 @@ class RecallCounters:
             self.foreign_results_dropped += dropped
 
 
-def check_user_id(user_id: str) -> str:
-    from pydantic import TypeAdapter
+@lru_cache(maxsize=1)
+def _identifier() -> TypeAdapter[str]:
+    return TypeAdapter(Identifier)  # built once: recall is on the caller's hot path
 
+
+def check_user_id(user_id: str) -> str:
     try:
-        return TypeAdapter(Identifier).validate_python(user_id)
+        return _identifier().validate_python(user_id)
     except ValidationError as exc:
         raise QueryRejected(exc.errors()[0]["msg"], "user_id") from None
 
