@@ -189,14 +189,15 @@ class MemoryClient:
 
             s = self._settings
             budget_s = s.recall_budget_ms / 1000
-            password = s.neo4j_password.get_secret_value() if s.neo4j_password else None
-            store = Neo4jGraphStore(
-                s.neo4j_uri,
-                (s.neo4j_user, password) if password is not None else None,
-                database=s.neo4j_database,
-                connect_timeout_s=min(s.neo4j_connect_timeout_s, budget_s),
-                retry_time_s=0,  # recall answers within its budget; no driver-level retry loop
-                pool_size=s.neo4j_pool_size,
+            # The same store as the workers', but answering within the recall budget and without the
+            # driver's retry loop.
+            store = Neo4jGraphStore.from_settings(
+                s.model_copy(
+                    update={
+                        "neo4j_connect_timeout_s": min(s.neo4j_connect_timeout_s, budget_s),
+                        "neo4j_retry_time_s": 0.0,
+                    }
+                )
             )
             redis = Redis.from_url(s.redis_url, socket_timeout=budget_s, socket_connect_timeout=budget_s)
             self._redis = redis
