@@ -38,6 +38,8 @@ test: install services-up lint
 bench: install services-up
 	$(VENV)/bin/python -m tests.benchmarks.bench_extract
 	$(VENV)/bin/python -m tests.benchmarks.bench_store
+	$(VENV)/bin/python -m tests.benchmarks.bench_recall
+	$(VENV)/bin/python -m tests.benchmarks.bench_ingest
 
 demo: install services-up
 	$(VENV)/bin/python deploy/demo/run_demo.py

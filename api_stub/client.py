@@ -6,9 +6,12 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from api_stub.recall import RecallCounters
 
 from worker.errors import EpisodeRejected
 from worker.models import Episode, Limits, MemoryContext, build_episode
@@ -250,6 +253,25 @@ class MemoryClient:
             },
         )
         return report
+
+    # --- operations ----------------------------------------------------------------------------------
+
+    def redis(self) -> Any:
+        """The Redis connection of recall and erasure (budget-bounded timeouts)."""
+        self._recall()
+        return self._redis
+
+    def recall_counters(self) -> RecallCounters:
+        counters: RecallCounters = self._recall().counters
+        return counters
+
+    def health(self, timeout_s: float = 2.0) -> dict[str, bool]:
+        """A real round trip to each service: {"redis": ..., "neo4j": ...}."""
+        try:
+            redis_ok = bool(self.redis().ping())
+        except Exception:
+            redis_ok = False
+        return {"redis": redis_ok, "neo4j": bool(self._recall().store.is_available(timeout_s))}
 
     def close(self) -> None:
         self._app = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import lru_cache
 from threading import Lock
@@ -24,20 +25,39 @@ log = logging.getLogger("memory.recall")
 audit = logging.getLogger("memory.audit")
 
 
+LATENCY_BUCKETS_S = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
 @dataclass
 class RecallCounters:
-    """Process-wide counters an operator can read (and the metrics endpoint will export)."""
+    """Process-wide counters and a latency histogram that the metrics endpoint exports."""
 
     recalls: int = 0
     degraded: int = 0
     foreign_results_dropped: int = 0
+    latency_sum_s: float = 0.0
+    latency_buckets: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS_S))  # not cumulative
     _lock: Lock = field(default_factory=Lock, repr=False)
 
-    def add(self, *, degraded: bool, dropped: int) -> None:
+    def add(self, *, degraded: bool, dropped: int, latency_s: float) -> None:
         with self._lock:
             self.recalls += 1
             self.degraded += degraded
             self.foreign_results_dropped += dropped
+            self.latency_sum_s += latency_s
+            slot = bisect_left(LATENCY_BUCKETS_S, latency_s)
+            if slot < len(LATENCY_BUCKETS_S):
+                self.latency_buckets[slot] += 1
+
+    def cumulative_buckets(self) -> list[tuple[str, int]]:
+        """Prometheus histogram buckets: (upper bound, observations ≤ bound), ending with +Inf."""
+        with self._lock:
+            out, running = [], 0
+            for bound, n in zip(LATENCY_BUCKETS_S, self.latency_buckets, strict=True):
+                running += n
+                out.append((str(bound), running))
+            out.append(("+Inf", self.recalls))
+            return out
 
 
 @lru_cache(maxsize=1)
@@ -93,8 +113,9 @@ class Recall:
             log.warning("recall degraded", extra={"user_id": user_id, "error_class": exc.cause or type(exc).__name__})
             context = MemoryContext(degraded=True, reason=f"store unavailable ({exc.cause or type(exc).__name__})")
         context, dropped = self._only_own(user_id, context)
-        latency_ms = (time.perf_counter() - started) * 1000
-        self.counters.add(degraded=context.degraded, dropped=dropped)
+        latency_s = time.perf_counter() - started
+        latency_ms = latency_s * 1000
+        self.counters.add(degraded=context.degraded, dropped=dropped, latency_s=latency_s)
         audit.info(
             "recall",
             extra={

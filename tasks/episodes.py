@@ -21,7 +21,10 @@ class PersistTask(StageTask):
 
 def _extract(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
     def body(rt: Runtime) -> dict[str, Any]:
-        return extract_stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm)
+        outcome = extract_stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm)
+        if outcome["status"] == "extracted":
+            rt.stats.extracted(outcome["record"])
+        return outcome
 
     return self.guarded(payload, body)
 
@@ -31,6 +34,8 @@ def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
         if payload.get("status") == "extracted":  # upstream outcomes (unchanged, dead-lettered) pass through
             rt.ensure_schema()
         outcome = persist_stage(payload, store=rt.store)
+        if outcome["status"] == "persisted" and outcome["created"]:
+            rt.stats.persisted()
         rt.inflight.done(outcome["episode_id"])  # final: persisted, unchanged, or dead-lettered upstream
         return outcome
 

@@ -268,21 +268,14 @@ def forget(user_id: str, yes: bool) -> None:
 @click.option("--timeout", "timeout_s", type=float, default=3.0, show_default=True)
 def health(timeout_s: float) -> None:
     """Exit 0 when Redis, Neo4j and at least one worker answer."""
-    from worker.graph.neo4j_store import Neo4jGraphStore
+    from api_stub.client import MemoryClient
 
-    settings = _settings()
-    ok = True
-    try:
-        _redis(settings).ping()
-        click.echo("redis: ok")
-    except Exception as exc:
-        ok = False
-        click.echo(f"redis: unavailable ({type(exc).__name__})")
-    store = Neo4jGraphStore.from_settings(settings)
-    neo4j_ok = store.is_available(timeout_s)
-    store.close()
-    click.echo(f"neo4j: {'ok' if neo4j_ok else 'unavailable'}")
-    ok = ok and neo4j_ok
+    client = MemoryClient(_settings())
+    checks = client.health(timeout_s)
+    client.close()
+    for name, up in checks.items():
+        click.echo(f"{name}: {'ok' if up else 'unavailable'}")
+    ok = all(checks.values())
     try:
         from worker.celery_app import app
 
@@ -293,6 +286,55 @@ def health(timeout_s: float) -> None:
         ok = False
         click.echo(f"workers: unknown ({type(exc).__name__})")
     sys.exit(0 if ok else 1)
+
+
+@main.command()
+@click.option("--host", default=None, help="Listen address (default MEMORY_HTTP_HOST).")
+@click.option("--port", type=int, default=None, help="Port (default MEMORY_HTTP_PORT).")
+def serve(host: str | None, port: int | None) -> None:
+    """Serve the HTTP facade (POST /v1/episodes, POST /v1/recall, DELETE /v1/users/{id}/memory, /healthz,
+    /metrics, /docs). Refuses to start without MEMORY_HTTP_TOKEN unless MEMORY_HTTP_AUTH_DISABLED=true."""
+    import uvicorn
+
+    from api_stub.http_app import create_app
+
+    settings = _settings()
+    try:
+        app = create_app(settings)
+    except MemoryServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    uvicorn.run(app, host=host or settings.http_host, port=port or settings.http_port, log_level="info")
+
+
+@main.command()
+@click.option("--address", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=5555, show_default=True)
+@click.option("--persistent", is_flag=True, help="Keep Flower's task history in --db across restarts.")
+@click.option("--db", default=".var/flower.db", show_default=True)
+@click.option("--insecure-no-auth", is_flag=True, help="Run without basic auth (never in production).")
+def flower(address: str, port: int, persistent: bool, db: str, insecure_no_auth: bool) -> None:
+    """Start Flower on the broker, with basic auth from MEMORY_FLOWER_USER / MEMORY_FLOWER_PASSWORD."""
+    import os
+
+    settings = _settings()
+    env = dict(os.environ)
+    if settings.flower_user and settings.flower_password:
+        password = settings.flower_password.get_secret_value()
+        if re.search(r"[:,]", settings.flower_user) or "," in password:
+            raise click.ClickException("MEMORY_FLOWER_USER may not hold ':' or ','; MEMORY_FLOWER_PASSWORD not ','")
+        env["FLOWER_BASIC_AUTH"] = f"{settings.flower_user}:{password}"  # in the environment, not in `ps`
+    elif not insecure_no_auth:
+        raise click.ClickException(
+            "Flower needs credentials: set MEMORY_FLOWER_USER and MEMORY_FLOWER_PASSWORD "
+            "(or pass --insecure-no-auth on a machine nobody else can reach)"
+        )
+    else:
+        env.pop("FLOWER_BASIC_AUTH", None)
+    argv = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "flower", f"--address={address}"]
+    argv += [f"--port={port}"]
+    if persistent:
+        argv += ["--persistent=True", f"--db={db}"]
+    os.execvpe(argv[0], argv, env)  # Flower takes this process over: signals reach it directly
 
 
 if __name__ == "__main__":

@@ -38,3 +38,6 @@ def keywords_cache(user_tag: str, digest: str) -> str:
 
 def keywords_cache_pattern(user_tag: str) -> str:
     return f"{PREFIX}:kw:{user_tag}:*"
+
+
+STATS = f"{PREFIX}:stats"  # hash of counters shared by every worker process (see worker/stats.py)

@@ -204,6 +204,7 @@ class EntityHit(_Frozen):
     type: str
     description: str
     mentions: int
+    hop: int = 0  # 0: mentioned by a returned episode; 1: related to such an entity (one hop in the graph)
 
 
 class RelationHit(_Frozen):

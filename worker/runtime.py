@@ -13,6 +13,7 @@ from worker.inflight import InFlight
 from worker.llm.client import LLMClient, build_client
 from worker.offline import MODEL_NAME as OFFLINE
 from worker.settings import Settings, get_settings
+from worker.stats import Stats
 
 
 @dataclass
@@ -23,6 +24,7 @@ class Runtime:
     llm: LLMClient | None
     dead_letters: DeadLetterStore
     inflight: InFlight
+    stats: Stats
     _schema_ready: bool = field(default=False)
 
     def ensure_schema(self) -> None:
@@ -55,6 +57,7 @@ def runtime() -> Runtime:
                 llm=None if settings.llm_model == OFFLINE else build_client(settings, lambda: redis),
                 dead_letters=DeadLetterStore(redis),
                 inflight=InFlight(redis),
+                stats=Stats(redis),
             )
             _pid = os.getpid()
         return _runtime

@@ -98,16 +98,41 @@ class Settings(BaseSettings):
     recall_budget_ms: int = Field(
         1000, ge=10, le=60_000, description="Time recall may take before it answers (degraded if need be)."
     )
-    max_query_chars: int = Field(4_000, ge=1, le=1_000_000, description="Most characters in a recall query.")
+    max_query_chars: int = Field(8_000, ge=1, le=1_000_000, description="Most characters in a recall query.")
     store_content: bool = Field(
         True, description="Keep the conversation text on the episode (off: only the summary is stored)."
     )
+
+    http_host: str = Field("127.0.0.1", description="Address `memctl serve` listens on (0.0.0.0 in a container).")
+    http_port: int = Field(8080, ge=1, le=65_535, description="Port of the HTTP facade.")
+    http_token: SecretStr | None = Field(None, description="Bearer token every HTTP request must carry.")
+    http_auth_disabled: bool = Field(
+        False, description="Serve HTTP without a token (local development only; refused unless set explicitly)."
+    )
+    http_max_body_bytes: int = Field(
+        2_097_152, ge=1024, le=1_073_741_824, description="Largest HTTP request body accepted (413 beyond)."
+    )
+    flower_user: str | None = Field(None, description="Flower basic-auth user (`memctl flower`).")
+    flower_password: SecretStr | None = Field(None, description="Flower basic-auth password.")
 
     @field_validator("llm_fallback_models", mode="before")
     @classmethod
     def _split_models(cls, value: object) -> object:
         if isinstance(value, str):
             return [m.strip() for m in value.split(",") if m.strip()]
+        return value
+
+    @field_validator("http_token", "neo4j_password", "llm_api_key", "flower_password", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """`MEMORY_HTTP_TOKEN=` in an env file means "not set", never "the empty secret"."""
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("http_token")
+    @classmethod
+    def _strong_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters (e.g. `openssl rand -hex 32`)")
         return value
 
     @field_validator("prompt_extraction_file", "prompt_keywords_file")

@@ -122,8 +122,18 @@ WITH collect(ep {{.id, .user_id, .session_id, .summary, .created_at, .occurred_a
 CALL (eps) {{
   UNWIND eps AS ep
   MATCH (ep)-[:MENTIONS]->(n:Entity)
-  RETURN collect(DISTINCT n) AS ents
+  RETURN collect(DISTINCT n) AS mentioned
 }}
+CALL (mentioned) {{
+  UNWIND mentioned AS a
+  MATCH (a)-[r:RELATED_TO]-(b:Entity)
+  WHERE r.user_id = $user_id AND b.user_id = $user_id AND NOT b IN mentioned
+  WITH b, max(r.weight) AS w
+  ORDER BY w DESC, b.mentions DESC
+  LIMIT $max_neighbours
+  RETURN collect(b) AS neighbours
+}}
+WITH episodes, mentioned, neighbours, mentioned + neighbours AS ents
 CALL (ents) {{
   UNWIND ents AS a
   MATCH (a)-[r:RELATED_TO]->(b:Entity)
@@ -133,7 +143,8 @@ CALL (ents) {{
                   weight: r.weight}}) AS relations
 }}
 RETURN episodes,
-       [n IN ents | n {{.uid, .user_id, .name, .type, .description, .mentions}}] AS entities,
+       [n IN mentioned | n {{.uid, .user_id, .name, .type, .description, .mentions, hop: 0}}]
+       + [n IN neighbours | n {{.uid, .user_id, .name, .type, .description, .mentions, hop: 1}}] AS entities,
        relations
 """
 

@@ -196,6 +196,7 @@ class Neo4jGraphStore:
                 rrf_k=RRF_K,
                 user_id=user_id,
                 max_relations=limit * 4,
+                max_neighbours=limit * 2,
             ).single(strict=False)
         if row is None:  # no candidates at all
             return MemoryContext()
@@ -218,7 +219,9 @@ class Neo4jGraphStore:
             )
             for e in row["episodes"]
         ]
-        entities = sorted(row["entities"], key=lambda n: -(n["mentions"] or 0))[: limit * 4]
+        # the returned episodes' own entities first (most mentioned first), then their one-hop neighbours
+        entities = sorted((n for n in row["entities"] if n["hop"] == 0), key=lambda n: -(n["mentions"] or 0))
+        entities = entities[: limit * 4] + [n for n in row["entities"] if n["hop"] == 1]
         return MemoryContext(
             related_episodes=hits,
             related_entities=[
@@ -229,6 +232,7 @@ class Neo4jGraphStore:
                     type=n["type"] or "other",
                     description=n["description"] or "",
                     mentions=n["mentions"] or 0,
+                    hop=n["hop"],
                 )
                 for n in entities
             ],

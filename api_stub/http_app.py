@@ -1,0 +1,181 @@
+"""The HTTP facade, for agent engines not written in Python: the same MemoryClient behind four endpoints.
+
+    POST   /v1/episodes                 202 {episode_id, task_id}    validate + enqueue, never waits for the LLM
+    POST   /v1/recall                   200 MemoryContext            degraded (not an error) when a store is down
+    DELETE /v1/users/{user_id}/memory   200 ForgetReport             idempotent erasure
+    GET    /healthz                     200 / 503                    no token needed; says only up or down
+    GET    /metrics                     Prometheus text              see api_stub/metrics.py
+    GET    /openapi.json, /docs         the OpenAPI document
+
+Every endpoint but /healthz and the OpenAPI document needs `Authorization: Bearer <MEMORY_HTTP_TOKEN>`; the
+app refuses to start without a token unless MEMORY_HTTP_AUTH_DISABLED=true. Bodies over
+MEMORY_HTTP_MAX_BODY_BYTES get 413 before they are parsed. Invalid input gets 422 with the field and the
+reason, and nothing is enqueued or written.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+
+from api_stub.client import EpisodeReceipt, ForgetReport, MemoryClient
+from api_stub.http_limits import BodySizeLimit
+from worker.errors import EpisodeRejected, QueryRejected, SettingsError, StoreError
+from worker.models import MemoryContext
+from worker.settings import Settings
+
+_BEARER = HTTPBearer(auto_error=False)  # module level: annotations are resolved from module globals
+
+
+class MessageIn(BaseModel):
+    role: str = Field(description="user, assistant, system or tool")
+    content: str
+
+
+class EpisodeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user_id: str
+    session_id: str
+    messages: list[MessageIn]
+    episode_id: str | None = Field(None, description="Your own id; default: derived from user, session, messages.")
+    occurred_at: datetime | None = None
+
+
+class RecallIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user_id: str
+    query: str
+    limit: int | None = Field(None, description="Episodes to return (1..100); default MEMORY_RECALL_LIMIT.")
+    budget_ms: int | None = Field(None, ge=10, le=60_000, description="Time allowed; default MEMORY_RECALL_BUDGET_MS.")
+    strict: bool = Field(False, description="Answer 503 instead of a degraded empty context when a store is down.")
+
+
+class Problem(BaseModel):
+    error: str
+    field: str | None = None
+    reason: str
+
+
+def _problem(status: int, error: str, reason: str, field: str | None = None) -> JSONResponse:
+    return JSONResponse(Problem(error=error, field=field, reason=reason).model_dump(), status_code=status)
+
+
+def _broker_errors() -> tuple[type[Exception], ...]:
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import ConnectionError, TimeoutError
+
+    return (OperationalError, ConnectionError, TimeoutError)
+
+
+def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAPI:
+    if settings.http_token is None and not settings.http_auth_disabled:
+        raise SettingsError(["MEMORY_HTTP_TOKEN: required (or set MEMORY_HTTP_AUTH_DISABLED=true, local use only)"])
+    memory = client or MemoryClient(settings)
+    token = settings.http_token.get_secret_value().encode() if settings.http_token else None
+
+    def authorised(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
+        if token is None:
+            return
+        given = credentials.credentials.encode() if credentials else b""
+        if not secrets.compare_digest(given, token):
+            raise _Unauthorised
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if client is None:  # a client handed in belongs to the caller
+            memory.close()
+
+    app = FastAPI(
+        lifespan=lifespan,
+        title="Memory service",
+        version="1",
+        summary="Remember what each user said across conversations; recall it in milliseconds.",
+    )
+    app.add_middleware(BodySizeLimit, max_bytes=settings.http_max_body_bytes)
+    app.state.client = memory
+    guarded = [Depends(authorised)]
+
+    @app.exception_handler(_Unauthorised)
+    def _unauthorised(_: Request, __: Exception) -> JSONResponse:
+        response = _problem(401, "unauthorised", "a valid bearer token is required")
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    def _invalid(_: Request, exc: Exception) -> JSONResponse:
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+        first = errors[0] if errors else {"loc": (), "msg": str(exc)}
+        loc = list(first["loc"])
+        if loc and loc[0] in ("body", "path", "query", "header"):  # where it was, not which field
+            loc = loc[1:]
+        field = ".".join(str(p) for p in loc) or None
+        return _problem(422, "invalid_request", str(first["msg"]), field)
+
+    @app.exception_handler(EpisodeRejected)
+    @app.exception_handler(QueryRejected)
+    def _rejected(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, EpisodeRejected | QueryRejected)
+        return _problem(422, "invalid_request", exc.reason, exc.field)
+
+    def _queue_down(_: Request, exc: Exception) -> JSONResponse:
+        return _problem(503, "unavailable", f"queue unavailable ({type(exc).__name__})")
+
+    for broker_error in _broker_errors():
+        app.add_exception_handler(broker_error, _queue_down)
+
+    @app.exception_handler(StoreError)
+    def _store_down(_: Request, exc: Exception) -> JSONResponse:
+        cause = exc.cause if isinstance(exc, StoreError) and exc.cause else type(exc).__name__
+        return _problem(503, "unavailable", f"graph store unavailable ({cause})")
+
+    problems: dict[int | str, dict[str, Any]] = {422: {"model": Problem}, 503: {"model": Problem}}
+
+    @app.post("/v1/episodes", status_code=202, dependencies=guarded, responses=problems)
+    def add_episode(body: EpisodeIn) -> EpisodeReceipt:
+        messages = [m.model_dump() for m in body.messages]
+        episode = memory.validate(
+            body.user_id, body.session_id, messages, episode_id=body.episode_id, occurred_at=body.occurred_at
+        )
+        return memory.enqueue(episode)
+
+    @app.post("/v1/recall", dependencies=guarded, responses=problems)
+    def recall(body: RecallIn) -> MemoryContext:
+        return memory.retrieve_memory(
+            body.user_id, body.query, limit=body.limit, budget_ms=body.budget_ms, strict=body.strict
+        )
+
+    @app.delete("/v1/users/{user_id}/memory", dependencies=guarded, responses=problems)
+    def forget(user_id: str) -> ForgetReport:
+        return memory.forget_user(user_id)
+
+    @app.get("/healthz")
+    def healthz() -> JSONResponse:
+        checks: dict[str, Any] = memory.health()
+        ok = all(checks.values())
+        return JSONResponse({"status": "ok" if ok else "unavailable", **checks}, status_code=200 if ok else 503)
+
+    @app.get("/metrics", dependencies=guarded, response_class=Response)
+    def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        from api_stub.metrics import registry
+
+        if not hasattr(app.state, "metrics"):
+            app.state.metrics = registry(memory.redis, memory.recall_counters)
+        return Response(generate_latest(app.state.metrics), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class _Unauthorised(Exception):
+    pass

@@ -1,0 +1,106 @@
+"""Prometheus metrics for what Flower does not show: queue depths, dead letters, write-path totals kept in
+Redis by the workers, LLM usage and cost, and the recall latency of this process.
+
+Everything is read at scrape time (a custom collector), so nothing runs at import and nothing is cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from api_stub.recall import RecallCounters
+from worker import stats
+from worker.deadletter import DeadLetterStore
+from worker.keys import EXTRACT_QUEUE, INFLIGHT_INDEX, KOMBU_UNACKED, PERSIST_QUEUE
+
+# kombu's Redis transport keeps one list per priority step: "<queue>", "<queue>\x06\x163", ...
+_PRIORITY_SEPARATOR = "\x06\x16"
+_PRIORITY_STEPS = (0, 3, 6, 9)
+
+
+def queue_keys(queue: str) -> list[str]:
+    return [queue if step == 0 else f"{queue}{_PRIORITY_SEPARATOR}{step}" for step in _PRIORITY_STEPS]
+
+
+class MemoryCollector(Collector):
+    def __init__(self, redis: Callable[[], Any], counters: Callable[[], RecallCounters]) -> None:
+        self._redis = redis
+        self._counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._write_path()
+        yield from self._recall()
+
+    def _write_path(self) -> Iterator[Metric]:
+        redis = self._redis()
+        up = GaugeMetricFamily("memory_redis_up", "1 when Redis answered this scrape.")
+        try:
+            pipe = redis.pipeline(transaction=False)
+            for queue in (EXTRACT_QUEUE, PERSIST_QUEUE):
+                for key in queue_keys(queue):
+                    pipe.llen(key)
+            pipe.hlen(KOMBU_UNACKED)
+            pipe.zcard(INFLIGHT_INDEX)
+            replies = pipe.execute()
+            dead_letters = DeadLetterStore(redis)
+            dlq_count, oldest = dead_letters.count(), dead_letters.oldest_age_s()
+            totals = stats.Stats(redis).snapshot()
+        except Exception:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        depth = GaugeMetricFamily("memory_queue_depth", "Messages waiting in a queue.", labels=["queue"])
+        n = len(_PRIORITY_STEPS)
+        for i, queue in enumerate((EXTRACT_QUEUE, PERSIST_QUEUE)):
+            depth.add_metric([queue], sum(replies[i * n : (i + 1) * n]))
+        yield depth
+        yield GaugeMetricFamily("memory_unacked_messages", "Messages delivered and not yet acknowledged.", replies[-2])
+        yield GaugeMetricFamily("memory_inflight_episodes", "Accepted episodes not yet final.", replies[-1])
+        yield GaugeMetricFamily("memory_dead_letters", "Records in the dead-letter store.", dlq_count)
+        yield GaugeMetricFamily(
+            "memory_dead_letter_oldest_age_seconds", "Age of the oldest dead-letter record (0: none).", oldest or 0.0
+        )
+        yield CounterMetricFamily(
+            "memory_episodes_persisted", "Episodes newly stored in Neo4j.", totals.get(stats.EPISODES_PERSISTED, 0.0)
+        )
+        kinds = CounterMetricFamily("memory_extractions", "Finished extractions by kind.", labels=["kind"])
+        for kind in ("llm", "offline", "degraded"):
+            kinds.add_metric([kind], totals.get(stats.EXTRACTIONS + kind, 0.0))
+        yield kinds
+        yield CounterMetricFamily(
+            "memory_extractions_degraded",
+            "Extractions kept as raw text because the LLM answer stayed malformed.",
+            totals.get(stats.EXTRACTIONS + "degraded", 0.0),
+        )
+        yield CounterMetricFamily("memory_llm_calls", "LLM calls of extractions.", totals.get(stats.LLM_CALLS, 0.0))
+        tokens = CounterMetricFamily("memory_llm_tokens", "LLM tokens used by extractions.", labels=["kind"])
+        tokens.add_metric(["prompt"], totals.get(stats.LLM_PROMPT_TOKENS, 0.0))
+        tokens.add_metric(["completion"], totals.get(stats.LLM_COMPLETION_TOKENS, 0.0))
+        yield tokens
+        yield CounterMetricFamily(
+            "memory_llm_cost_usd", "LLM cost of extractions as litellm prices it.", totals.get(stats.LLM_COST_USD, 0.0)
+        )
+
+    def _recall(self) -> Iterator[Metric]:
+        counters = self._counters()
+        latency = HistogramMetricFamily("memory_recall_latency_seconds", "retrieve_memory latency in this process.")
+        latency.add_metric([], counters.cumulative_buckets(), counters.latency_sum_s)
+        yield latency
+        yield CounterMetricFamily("memory_recall_degraded", "Recalls answered degraded.", counters.degraded)
+        yield CounterMetricFamily(
+            "memory_recall_foreign_results_dropped",
+            "Results of another user dropped by the final check (should stay 0; alert otherwise).",
+            counters.foreign_results_dropped,
+        )
+
+
+def registry(redis: Callable[[], Any], counters: Callable[[], RecallCounters]) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(MemoryCollector(redis, counters))
+    return reg

@@ -1,0 +1,109 @@
+"""Recall benchmark: MemoryClient.retrieve_memory (local keywords) at 10k and 100k episodes against the bare
+fulltext query as the floor, and recall@k on the relevance set of the tests.
+
+    make bench            (or: .venv/bin/python -m tests.benchmarks.bench_recall)
+
+Targets (issue 5): p95 ≤ 3× the floor's p95; p95 at 100k ≤ 1.5× p95 at 10k; recall@5 reported (the test
+suite holds a floor for it). The load is the one of bench_store (1k users `bench-u####`, cleared first);
+each p95 is the median over ROUNDS rounds, recall and floor interleaved query by query.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from typing import Any
+
+from api_stub.client import MemoryClient
+from tests.benchmarks.bench_store import ROUNDS, USERS, WARMUP, load, queries
+from tests.benchmarks.common import Corpus, latency_ms, timed, write_results
+from tests.relevance import load_dataset, recall_at_k, store_dataset
+from tests.services import load_services_env
+from worker.graph.lucene import build_query
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.identity import user_tag
+from worker.keywords import local_keywords
+from worker.settings import Settings
+
+QUERIES = 200  # per round
+
+
+def bench_latency(client: MemoryClient, store: Neo4jGraphStore, corpus: Corpus, total: int) -> dict[str, Any]:
+    load(store, corpus, total)
+    limit, max_keywords = client.settings.recall_limit, client.settings.max_keywords
+    asked = [(user, text) for user, _, text in queries(corpus, total // USERS)]
+    for user_id, text in asked[:WARMUP]:
+        client.retrieve_memory(user_id, text)
+    rounds = []
+    degraded = 0
+    for r in range(ROUNDS):
+        recall_s, floor_s = [], []
+        for user_id, text in asked[WARMUP + r * QUERIES : WARMUP + (r + 1) * QUERIES]:
+            lucene = build_query(user_tag(user_id), local_keywords(text, max_keywords), text)
+            assert lucene is not None
+            started = time.perf_counter()
+            degraded += client.retrieve_memory(user_id, text).degraded
+            recall_s.append(time.perf_counter() - started)
+            floor_s.append(timed(lambda q=lucene: store.run_bare_fulltext(q, max(limit * 4, 20))))  # type: ignore[misc]
+        rounds.append((latency_ms(recall_s), latency_ms(floor_s)))
+    recall_p95 = statistics.median(a["p95_ms"] for a, _ in rounds)
+    floor_p95 = statistics.median(b["p95_ms"] for _, b in rounds)
+    return {
+        "episodes": total,
+        "users": USERS,
+        "rounds": ROUNDS,
+        "queries_per_round": QUERIES,
+        "retrieve_p50_ms_median": statistics.median(a["p50_ms"] for a, _ in rounds),
+        "retrieve_p95_ms_median": recall_p95,
+        "floor_p95_ms_median": floor_p95,
+        "retrieve_p95_ms_by_round": [a["p95_ms"] for a, _ in rounds],
+        "floor_p95_ms_by_round": [b["p95_ms"] for _, b in rounds],
+        "p95_ratio_to_floor": round(recall_p95 / floor_p95, 2),
+        "degraded_answers": degraded,
+    }
+
+
+def relevance(client: MemoryClient, store: Neo4jGraphStore, settings: Settings) -> dict[str, Any]:
+    data = load_dataset()
+    prefix = f"bench-rel-{uuid.uuid4().hex[:6]}"
+    keys = store_dataset(data, prefix, store, settings)
+    try:
+        at5, missed = recall_at_k(data, prefix, keys, client.retrieve_memory, k=5)
+        at1, _ = recall_at_k(data, prefix, keys, client.retrieve_memory, k=1)
+    finally:
+        for user in data.users:
+            store.delete_user(f"{prefix}-{user}")
+    return {
+        "queries": len(data.queries),
+        "episodes": len(data.episodes),
+        "recall_at_5": round(at5, 3),
+        "recall_at_1": round(at1, 3),
+        "missed_at_5": missed,
+    }
+
+
+def main() -> None:
+    load_services_env()
+    settings = Settings.load()
+    store = Neo4jGraphStore.from_settings(settings)
+    store.ensure_schema()
+    client = MemoryClient(settings)
+    corpus = Corpus()
+    results: dict[str, Any] = {"relevance": relevance(client, store, settings)}
+    started = time.perf_counter()
+    for user in range(USERS):  # an empty bench population, so the 10k figure is measured at 10k
+        store.delete_user(f"bench-u{user:04d}")
+    print(f"cleared bench users in {time.perf_counter() - started:.1f} s")
+    at_10k = bench_latency(client, store, corpus, 10_000)
+    at_100k = bench_latency(client, store, corpus, 100_000)
+    results["retrieve_10k"], results["retrieve_100k"] = at_10k, at_100k
+    results["p95_100k_over_10k"] = round(at_100k["retrieve_p95_ms_median"] / at_10k["retrieve_p95_ms_median"], 2)
+    results["targets"] = {"p95_ratio_to_floor_max": 3.0, "p95_100k_over_10k_max": 1.5}
+    write_results("bench_recall", results)
+    client.close()
+    store.close()
+
+
+if __name__ == "__main__":
+    main()

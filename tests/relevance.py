@@ -1,0 +1,70 @@
+"""The recall relevance set (tests/data/relevance.json): load it, store it through the real write path
+(offline extraction + the Neo4j store), and measure recall@k with any recall function."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.models import Limits, MemoryContext, build_episode
+from worker.pipeline import episode_payload, extract_stage, persist_stage
+from worker.settings import Settings
+
+DATA = Path(__file__).resolve().parent / "data" / "relevance.json"
+
+
+@dataclass(frozen=True)
+class Query:
+    user: str
+    text: str
+    answers: frozenset[str]  # keys of the episodes that answer it
+
+
+@dataclass(frozen=True)
+class Dataset:
+    episodes: list[dict[str, Any]]
+    queries: list[Query]
+
+    @property
+    def users(self) -> list[str]:
+        return sorted({e["user"] for e in self.episodes})
+
+
+def load_dataset() -> Dataset:
+    raw = json.loads(DATA.read_text(encoding="utf-8"))
+    queries = [Query(q["user"], q["query"], frozenset(q["answers"])) for q in raw["queries"]]
+    return Dataset(raw["episodes"], queries)
+
+
+def store_dataset(data: Dataset, prefix: str, store: Neo4jGraphStore, settings: Settings) -> dict[str, str]:
+    """Extract (offline) and persist every episode for users `<prefix>-<user>`; returns episode id → key."""
+    limits = Limits(
+        max_messages=settings.max_messages,
+        max_message_chars=settings.max_message_chars,
+        max_episode_chars=settings.max_episode_chars,
+    )
+    keys = {}
+    for item in data.episodes:
+        messages = [{"role": role, "content": text} for role, text in item["messages"]]
+        episode = build_episode(f"{prefix}-{item['user']}", item["session"], messages, limits=limits)
+        extracted = extract_stage(episode_payload(episode), settings=settings, store=store, llm=None)
+        persist_stage(extracted, store=store)
+        keys[episode.id] = item["key"]
+    return keys
+
+
+def recall_at_k(
+    data: Dataset, prefix: str, keys: dict[str, str], recall: Callable[[str, str], MemoryContext], k: int = 5
+) -> tuple[float, list[str]]:
+    """Share of queries with an answering episode among the first k results, and the queries missed."""
+    missed = []
+    for query in data.queries:
+        context = recall(f"{prefix}-{query.user}", query.text)
+        found = {keys.get(e.id) for e in context.related_episodes[:k]}
+        if not found & query.answers:
+            missed.append(f"{query.user}: {query.text}")
+    return 1 - len(missed) / len(data.queries), missed

@@ -1,0 +1,202 @@
+"""The HTTP facade as a real `memctl serve` process, a real worker, real Redis and Neo4j, and httpx."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.servers import ServerProcess, free_port, run_cli
+from tests.services import RedisClient
+from tests.workers import WorkerProcess
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.keys import EXTRACT_QUEUE, INFLIGHT_INDEX
+
+NewUser = Callable[[str], str]
+TOKEN = "test-token-5f1c-0a9e77"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    env = {"MEMORY_HTTP_TOKEN": TOKEN, "MEMORY_HTTP_MAX_BODY_BYTES": "65536"}
+    proc = ServerProcess(tmp_path / "serve.log", env, "serve", ready_path="/healthz").start()
+    yield proc
+    proc.stop()
+
+
+def conversation(city: str) -> list[dict[str, str]]:
+    return [
+        {"role": "user", "content": f"I moved to {city} last spring and I cycle along the riverside every morning."},
+        {"role": "assistant", "content": f"{city} sounds lovely for cycling."},
+    ]
+
+
+def test_without_a_valid_token_every_memory_endpoint_answers_401(server: ServerProcess) -> None:
+    calls = [
+        ("POST", "/v1/episodes", {"user_id": "u", "session_id": "s", "messages": conversation("Lyon")}),
+        ("POST", "/v1/recall", {"user_id": "u", "query": "where do I live"}),
+        ("DELETE", "/v1/users/u/memory", None),
+        ("GET", "/metrics", None),
+    ]
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+        for method, path, body in calls:
+            answer = httpx.request(method, server.url + path, json=body, headers=headers, timeout=10)
+            assert answer.status_code == 401, (method, path, headers, answer.text)
+            assert answer.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(server.url + "/healthz", timeout=10).json() == {"status": "ok", "redis": True, "neo4j": True}
+
+
+def test_episode_recall_and_forget_end_to_end(
+    server: ServerProcess,
+    workers: Callable[..., WorkerProcess],
+    store: Neo4jGraphStore,
+    new_user: NewUser,
+) -> None:
+    workers()
+    user, other = new_user("http"), new_user("http-other")
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=10) as http:
+        body = {"user_id": user, "session_id": "s1", "messages": conversation("Lyon")}
+        accepted = http.post("/v1/episodes", json=body)
+        assert accepted.status_code == 202, accepted.text
+        receipt = accepted.json()
+        assert receipt["episode_id"] and receipt["task_id"]
+        http.post("/v1/episodes", json={"user_id": other, "session_id": "s1", "messages": conversation("Oslo")})
+        deadline = time.monotonic() + 60
+        while store.stats(user).episodes == 0 or store.stats(other).episodes == 0:
+            assert time.monotonic() < deadline, "episodes were not persisted"
+            time.sleep(0.3)
+
+        found = http.post("/v1/recall", json={"user_id": user, "query": "Which city do I cycle in?"})
+        assert found.status_code == 200, found.text
+        context = found.json()
+        assert [e["id"] for e in context["related_episodes"]] == [receipt["episode_id"]]
+        assert context["degraded"] is False
+        assert any(e["name"] == "Lyon" for e in context["related_entities"])
+        assert all(e["user_id"] == user for e in context["related_entities"])
+
+        forgotten = http.delete(f"/v1/users/{user}/memory")
+        assert forgotten.status_code == 200, forgotten.text
+        assert forgotten.json()["episodes"] == 1 and forgotten.json()["entities"] >= 1
+        assert http.post("/v1/recall", json={"user_id": user, "query": "Lyon"}).json()["related_episodes"] == []
+        assert http.delete(f"/v1/users/{user}/memory").json()["episodes"] == 0  # idempotent
+        assert store.stats(other).episodes == 1
+
+        metrics = http.get("/metrics")
+        assert metrics.status_code == 200
+        text = metrics.text
+        assert 'memory_queue_depth{queue="memory.extract"}' in text
+        assert "memory_dead_letters " in text
+        assert _sample(text, "memory_episodes_persisted_total") >= 2
+        assert _sample(text, "memory_recall_latency_seconds_count") >= 2
+    store.delete_user(other)
+
+
+def _sample(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in metrics:\n{text}")
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"session_id": "s", "messages": []}, "user_id"),
+        ({"user_id": "u", "session_id": "s", "messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+        ({"user_id": "u", "session_id": "s", "messages": []}, "messages"),
+        ({"user_id": "u", "session_id": "s", "messages": [{"role": "user"}]}, "messages.0.content"),
+        ({"user_id": "u", "session_id": "s", "messages": conversation("Rome"), "extra": 1}, "extra"),
+    ],
+)
+def test_invalid_episodes_get_422_with_the_field_and_enqueue_nothing(
+    server: ServerProcess, clean_redis: RedisClient, body: dict[str, object], field: str
+) -> None:
+    answer = httpx.post(server.url + "/v1/episodes", json=body, headers=AUTH, timeout=10)
+    assert answer.status_code == 422, answer.text
+    problem = answer.json()
+    assert problem["error"] == "invalid_request"
+    assert problem["field"] == field, problem
+    assert problem["reason"]
+    assert clean_redis.llen(EXTRACT_QUEUE) == 0 and clean_redis.zcard(INFLIGHT_INDEX) == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"user_id": "u", "query": "   "}, "query"),
+        ({"user_id": "", "query": "hello"}, "user_id"),
+        ({"user_id": "u", "query": "hello", "limit": 0}, "limit"),
+        ({"user_id": "u", "query": "x" * 8001}, "query"),
+        ({"user_id": "u"}, "query"),
+    ],
+)
+def test_invalid_recall_gets_422_with_the_field(server: ServerProcess, body: dict[str, object], field: str) -> None:
+    answer = httpx.post(server.url + "/v1/recall", json=body, headers=AUTH, timeout=10)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["field"] == field
+
+
+def test_a_body_over_the_limit_gets_413_and_enqueues_nothing(server: ServerProcess, clean_redis: RedisClient) -> None:
+    big = {"user_id": "u", "session_id": "s", "messages": [{"role": "user", "content": "x" * 70_000}]}
+    answer = httpx.post(server.url + "/v1/episodes", json=big, headers=AUTH, timeout=10)
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["error"] == "too_large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit counts what arrives
+        yield b'{"user_id": "u", "session_id": "s", "messages": [{"role": "user", "content": "'
+        for _ in range(80):
+            yield b"y" * 1000
+        yield b'"}]}'
+
+    streamed = httpx.post(
+        server.url + "/v1/episodes",
+        content=chunks(),
+        headers={**AUTH, "Content-Type": "application/json"},
+        timeout=10,
+    )
+    assert streamed.status_code == 413
+    assert clean_redis.llen(EXTRACT_QUEUE) == 0 and clean_redis.zcard(INFLIGHT_INDEX) == 0
+
+
+def test_openapi_document_describes_the_endpoints_and_the_bearer_scheme(server: ServerProcess) -> None:
+    document = httpx.get(server.url + "/openapi.json", timeout=10).json()
+    assert {"/v1/episodes", "/v1/recall", "/v1/users/{user_id}/memory", "/healthz"} <= set(document["paths"])
+    assert "post" in document["paths"]["/v1/episodes"] and "delete" in document["paths"]["/v1/users/{user_id}/memory"]
+    schemes = document["components"]["securitySchemes"]
+    assert any(s.get("scheme", "").lower() == "bearer" for s in schemes.values())
+
+
+def test_serve_refuses_to_start_without_a_token_unless_auth_is_explicitly_disabled(tmp_path: Path) -> None:
+    for token, why in (("", "required"), ("short", "at least 16 characters")):
+        env = {"MEMORY_HTTP_TOKEN": token, "MEMORY_HTTP_AUTH_DISABLED": "false"}
+        refused = run_cli("serve", "--port", str(free_port()), env=env)
+        assert refused.returncode != 0
+        assert "MEMORY_HTTP_TOKEN" in refused.stderr and why in refused.stderr, refused.stderr
+
+    open_server = ServerProcess(
+        tmp_path / "open.log", {"MEMORY_HTTP_AUTH_DISABLED": "true"}, "serve", ready_path="/healthz"
+    ).start()
+    try:
+        answer = httpx.post(open_server.url + "/v1/recall", json={"user_id": "nobody-x", "query": "hi"}, timeout=10)
+        assert answer.status_code == 200 and answer.json()["related_episodes"] == []
+    finally:
+        open_server.stop()
+
+
+def test_healthz_says_unavailable_when_neo4j_is_down(server: ServerProcess, neo4j_restorer: None) -> None:
+    from tests.services import services
+
+    services("down", "neo4j")
+    answer = httpx.get(server.url + "/healthz", timeout=10)
+    assert answer.status_code == 503
+    assert answer.json() == {"status": "unavailable", "redis": True, "neo4j": False}
+    degraded = httpx.post(server.url + "/v1/recall", json={"user_id": "u", "query": "hello"}, headers=AUTH, timeout=10)
+    assert degraded.status_code == 200 and degraded.json()["degraded"] is True
+    strict = httpx.post(
+        server.url + "/v1/recall", json={"user_id": "u", "query": "hello", "strict": True}, headers=AUTH, timeout=10
+    )
+    assert strict.status_code == 503 and strict.json()["error"] == "unavailable"

@@ -1,0 +1,59 @@
+"""Counters of the write path kept in Redis, so that every worker process adds to the same totals and a
+restart loses nothing. The metrics endpoint reads them; a failure to count never fails a write."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from worker.keys import STATS
+
+log = logging.getLogger("memory.stats")
+
+# field in the Redis hash → meaning; the metrics collector exports each of them
+EPISODES_PERSISTED = "episodes_persisted"  # newly stored episodes (a redelivered save is not counted twice)
+EXTRACTIONS = "extractions:"  # + kind: llm, offline, degraded
+LLM_CALLS = "llm_calls"
+LLM_PROMPT_TOKENS = "llm_prompt_tokens"
+LLM_COMPLETION_TOKENS = "llm_completion_tokens"
+LLM_COST_USD = "llm_cost_usd"
+
+
+class Stats:
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+
+    def extracted(self, record: dict[str, Any]) -> None:
+        """An extraction finished (counted where the LLM was paid for, so retried persists cost nothing)."""
+        self._add(
+            {
+                EXTRACTIONS + str(record.get("extraction", "unknown")): 1,
+                LLM_CALLS: int(record.get("llm_calls") or 0),
+                LLM_PROMPT_TOKENS: int(record.get("prompt_tokens") or 0),
+                LLM_COMPLETION_TOKENS: int(record.get("completion_tokens") or 0),
+            },
+            cost_usd=float(record.get("cost_usd") or 0.0),
+        )
+
+    def persisted(self) -> None:
+        self._add({EPISODES_PERSISTED: 1})
+
+    def _add(self, counts: dict[str, int], cost_usd: float = 0.0) -> None:
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for name, n in counts.items():
+                if n:
+                    pipe.hincrby(STATS, name, n)
+            if cost_usd:
+                pipe.hincrbyfloat(STATS, LLM_COST_USD, cost_usd)
+            pipe.execute()
+        except Exception as exc:  # metrics must never fail or retry a write
+            log.warning("could not count", extra={"error_class": type(exc).__name__})
+
+    def snapshot(self) -> dict[str, float]:
+        raw = self._redis.hgetall(STATS)
+        return {_text(k): float(v) for k, v in raw.items()}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
