@@ -218,6 +218,14 @@ class MemoryClient:
         result: MemoryContext = self._recall().retrieve(user_id, query, limit=limit, budget_ms=budget_ms, strict=strict)
         return result
 
+    def remembered(self, user_id: str, limit: int = 20) -> MemoryContext:
+        """What is kept about the user (most mentioned entities, strongest relationships): for "what do you
+        know about me" requests and for the demo. Raises if the store cannot be reached."""
+        from api_stub.recall import check_user_id
+
+        result: MemoryContext = self._recall().store.remembered(check_user_id(user_id), limit)
+        return result
+
     def forget_user(self, user_id: str) -> ForgetReport:
         """Erase everything kept about the user; idempotent. Raises if the store cannot be reached."""
         from api_stub.recall import check_user_id

@@ -337,5 +337,15 @@ def flower(address: str, port: int, persistent: bool, db: str, insecure_no_auth:
     os.execvpe(argv[0], argv, env)  # Flower takes this process over: signals reach it directly
 
 
+@main.command()
+@click.option("--markdown", "form", flag_value="markdown", default=True, help="The README's settings table.")
+@click.option("--env", "form", flag_value="env", help="deploy/.env.example.")
+def config(form: str) -> None:
+    """Print the configuration reference generated from the settings class."""
+    from worker.settings_doc import env_example, markdown_table
+
+    click.echo(markdown_table() if form == "markdown" else env_example(), nl=False)
+
+
 if __name__ == "__main__":
     main()

@@ -66,6 +66,10 @@ def main() -> int:
                 print(f"  {state.episode_id}: {state.state}")
         for user, questions in QUESTIONS.items():
             print(f"\n== {user}")
+            kept = client.remembered(user, limit=10)
+            print("  remembered: " + ", ".join(f"{e.name} [{e.type}]" for e in kept.related_entities))
+            for rel in kept.related_relations[:5]:
+                print(f"    {rel.source} —{rel.description}→ {rel.target} (weight {rel.weight:g})")
             for question in questions:
                 context = client.retrieve_memory(user, question)
                 print(f"  Q: {question}")
@@ -75,8 +79,13 @@ def main() -> int:
                     print("    entities: " + ", ".join(f"{e.name} [{e.type}]" for e in context.related_entities[:8]))
                 for rel in context.related_relations[:4]:
                     print(f"    {rel.source} —{rel.description}→ {rel.target} (weight {rel.weight:g})")
-        print("\nFlower: .venv/bin/celery -A worker.celery_app flower  (http://127.0.0.1:5555)")
-        print("Stop the local services with: make services-down")
+        print("\nSee it working:")
+        print("  Flower (tasks, workers):  MEMORY_FLOWER_USER=admin MEMORY_FLOWER_PASSWORD=... .venv/bin/memctl flower")
+        print("                            then http://127.0.0.1:5555")
+        print("  Metrics (Prometheus):     MEMORY_HTTP_TOKEN=$(openssl rand -hex 32) .venv/bin/memctl serve")
+        print("                            then http://127.0.0.1:8080/metrics with that bearer token; API at /docs")
+        print("  Ask yourself:             .venv/bin/memctl recall --user alice 'Where does my sister live?'")
+        print("The demo's worker has stopped. Stop the local services with: make services-down")
         return 0 if all(s.state in ("persisted", "unchanged") for s in states) else 1
     finally:
         os.killpg(worker.pid, signal.SIGTERM)

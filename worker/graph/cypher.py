@@ -148,6 +148,21 @@ RETURN episodes,
        relations
 """
 
+REMEMBERED = """
+CALL () {
+  MATCH (n:Entity {user_id: $user_id})
+  WITH n ORDER BY n.mentions DESC, n.name LIMIT $limit
+  RETURN collect(n {.uid, .user_id, .name, .type, .description, .mentions, hop: 0}) AS entities
+}
+CALL () {
+  MATCH (a:Entity {user_id: $user_id})-[r:RELATED_TO]->(b:Entity)
+  WITH a, r, b ORDER BY r.weight DESC, a.name LIMIT $limit
+  RETURN collect({user_id: r.user_id, source: a.name, target: b.name, description: r.description,
+                  weight: r.weight}) AS relations
+}
+RETURN [] AS episodes, entities, relations
+"""
+
 # --- erase and counts --------------------------------------------------------------------------------
 
 COUNT_USER_RELATIONSHIPS = """

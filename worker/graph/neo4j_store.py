@@ -202,6 +202,12 @@ class Neo4jGraphStore:
             return MemoryContext()
         return self._context(row, limit)
 
+    def remembered(self, user_id: str, limit: int = 20) -> MemoryContext:
+        """What is kept about a user: the most mentioned entities and the strongest relationships (no episodes)."""
+        with translated("remembered"), self._read_session() as session:
+            row = session.run(cypher.REMEMBERED, user_id=user_id, limit=limit).single(strict=True)
+        return self._context(row, limit)
+
     @staticmethod
     def _context(row: Any, limit: int) -> MemoryContext:
         hits = [
