@@ -6,24 +6,41 @@ import os
 import subprocess
 import sys
 
+from tests.llm_standin import StandIn, answer
 from tests.services import ROOT
 from tests.workers import celery_pids
 from worker.keys import EXTRACT_QUEUE
 
 
-def test_demo_remembers_and_recalls_the_bundled_conversations() -> None:
-    env = {**os.environ, "MEMORY_LLM_MODEL": "offline"}
+def run_demo(**env: str) -> str:
     done = subprocess.run(
-        [sys.executable, "deploy/demo/run_demo.py"],
+        [sys.executable, "deploy/demo/run_demo.py", "--fresh"],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
-    out = done.stdout
-    assert done.returncode == 0, out + done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_demo_uses_the_model_named_in_the_environment(standin: StandIn) -> None:
+    reply = {
+        "summary": "stand-in summary",
+        "entities": [{"name": "Standin", "type": "other", "description": "the stand-in"}],
+        "relationships": [],
+    }
+    standin.default = lambda request: answer(reply)
+    out = run_demo(MEMORY_LLM_MODEL="openai/stand-in", MEMORY_LLM_API_BASE=standin.url, MEMORY_LLM_API_KEY="sk-x")
+    assert "model: openai/stand-in" in out and "processed 6/6" in out
+    assert standin.calls >= 6 and all(r["model"] == "stand-in" for r in standin.requests)
+    assert "Standin [other]" in out
+
+
+def test_demo_remembers_and_recalls_the_bundled_conversations() -> None:
+    out = run_demo(MEMORY_LLM_MODEL="offline")
     assert "model: offline" in out
     assert "enqueued 6 conversations from 3 users" in out
     assert "processed 6/6" in out

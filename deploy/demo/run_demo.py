@@ -1,6 +1,7 @@
 """The demo: real Redis and Neo4j, a real worker, bundled conversations, then what was remembered.
 
     make demo      (installs, starts the local services, then runs this)
+    .venv/bin/python deploy/demo/run_demo.py --fresh     (forget the demo users first, then run again)
 
 With MEMORY_LLM_MODEL set to a litellm model (and its key in the environment) the worker uses that model;
 by default it uses the offline extractor, so no network or key is needed.
@@ -34,11 +35,16 @@ def load_env() -> None:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    fresh = "--fresh" in argv
     load_env()
     from api_stub import MemoryClient
 
     client = MemoryClient.from_env()
+    items = [json.loads(line) for line in CONVERSATIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if fresh:  # otherwise a second run finds every session already extracted ("unchanged")
+        for user in sorted({i["user_id"] for i in items}):
+            client.forget_user(user)
     log = ROOT / ".var" / "demo-worker.log"
     print(f"model: {client.settings.llm_model}   worker log: {log}")
     with log.open("ab") as out:
@@ -50,7 +56,6 @@ def main() -> int:
             start_new_session=True,
         )
     try:
-        items = [json.loads(line) for line in CONVERSATIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
         receipts = client.add_episodes(items)
         print(f"enqueued {len(receipts)} conversations from {len({i['user_id'] for i in items})} users")
         deadline = time.monotonic() + 180
@@ -94,4 +99,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -28,8 +28,9 @@ from worker.settings import Settings
 USERS = 1000
 BATCH = 200
 QUERIES = 200  # per round
-ROUNDS = 5  # the reported p95 is the median of the rounds' p95, so one GC pause or merge cannot decide it
-WARMUP = 100
+ROUNDS = 9  # the reported p95 is the median of the rounds' p95, so one GC pause or merge cannot decide it
+WARMUP = 300
+SETTLE_S = 10  # after a bulk load, let Lucene finish merging segments before measuring
 
 
 def episode(corpus: Corpus, user: int, n: int, run: str = "") -> EpisodeWrite:
@@ -84,6 +85,7 @@ def load(store: Neo4jGraphStore, corpus: Corpus, total: int) -> None:
     for i in range(0, len(writes), BATCH):
         store.save_episodes(writes[i : i + BATCH])
     print(f"loaded {len(writes)} episodes in {time.perf_counter() - started:.1f} s")
+    time.sleep(SETTLE_S)
 
 
 def queries(corpus: Corpus, per_user: int) -> list[tuple[str, list[str], str]]:

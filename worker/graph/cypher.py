@@ -127,20 +127,20 @@ CALL (eps) {{
 CALL (mentioned) {{
   UNWIND mentioned AS a
   MATCH (a)-[r:RELATED_TO]-(b:Entity)
-  WHERE r.user_id = $user_id AND b.user_id = $user_id AND NOT b IN mentioned
-  WITH b, max(r.weight) AS w
-  ORDER BY w DESC, b.mentions DESC
-  LIMIT $max_neighbours
-  RETURN collect(b) AS neighbours
+  WHERE r.user_id = $user_id
+  WITH r, b, b IN mentioned AS inner
+  ORDER BY r.weight DESC
+  WITH collect(DISTINCT CASE WHEN NOT inner THEN b END)[..$max_neighbours] AS neighbours,
+       collect({{r: r, b: b, inner: inner}}) AS edges
+  RETURN neighbours, [e IN edges WHERE e.inner OR e.b IN neighbours | e.r] AS kept
 }}
-WITH episodes, mentioned, neighbours, mentioned + neighbours AS ents
-CALL (ents) {{
-  UNWIND ents AS a
-  MATCH (a)-[r:RELATED_TO]->(b:Entity)
-  WHERE b IN ents AND r.user_id = $user_id
-  WITH r, a, b ORDER BY r.weight DESC LIMIT $max_relations
-  RETURN collect({{user_id: r.user_id, source: a.name, target: b.name, description: r.description,
-                  weight: r.weight}}) AS relations
+CALL (kept) {{
+  UNWIND kept AS r
+  WITH DISTINCT r
+  ORDER BY r.weight DESC
+  LIMIT $max_relations
+  RETURN collect({{user_id: r.user_id, source: startNode(r).name, target: endNode(r).name,
+                  description: r.description, weight: r.weight}}) AS relations
 }}
 RETURN episodes,
        [n IN mentioned | n {{.uid, .user_id, .name, .type, .description, .mentions, hop: 0}}]

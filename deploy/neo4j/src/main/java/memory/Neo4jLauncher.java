@@ -19,7 +19,8 @@ import org.neo4j.io.ByteUnit;
  *
  * Arguments come from the environment so that services.sh stays the one place that chooses them:
  * NEO4J_HOME_DIR (data folder), NEO4J_BOLT_PORT, NEO4J_PAGECACHE (e.g. 256m),
- * NEO4J_PASSWORD (auth on with this password for user neo4j; empty = auth off).
+ * NEO4J_PASSWORD (auth on with this password for user neo4j; empty = auth off),
+ * NEO4J_TX_LOG_RETENTION (how much transaction log to keep, e.g. "256M size"; default keeps disk use bounded).
  */
 public final class Neo4jLauncher {
     private Neo4jLauncher() {}
@@ -29,6 +30,7 @@ public final class Neo4jLauncher {
         int port = Integer.parseInt(env("NEO4J_BOLT_PORT", "17687"));
         String pagecache = env("NEO4J_PAGECACHE", "256m");
         String password = env("NEO4J_PASSWORD", "");
+        String txLogRetention = env("NEO4J_TX_LOG_RETENTION", "256M size");
         Files.createDirectories(home);
 
         DatabaseManagementService dbms = new DatabaseManagementServiceBuilder(home)
@@ -38,6 +40,8 @@ public final class Neo4jLauncher {
                 .setConfig(HttpConnector.enabled, false)
                 .setConfig(HttpsConnector.enabled, false)
                 .setConfig(GraphDatabaseSettings.pagecache_memory, ByteUnit.parse(pagecache))
+                .setConfig(GraphDatabaseSettings.keep_logical_logs, txLogRetention)
+                .setConfig(GraphDatabaseSettings.logical_log_rotation_threshold, ByteUnit.mebiBytes(64))
                 .setConfig(GraphDatabaseSettings.auth_enabled, !password.isEmpty())
                 .build();
 
