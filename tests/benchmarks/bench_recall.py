@@ -10,14 +10,13 @@ each p95 is the median over ROUNDS rounds, recall and floor interleaved query by
 
 from __future__ import annotations
 
-import statistics
 import time
 import uuid
 from typing import Any
 
 from api_stub.client import MemoryClient
 from tests.benchmarks.bench_store import ROUNDS, USERS, WARMUP, load, queries
-from tests.benchmarks.common import Corpus, latency_ms, timed, write_results
+from tests.benchmarks.common import Corpus, measure_rounds, summarise_rounds, timed, write_results
 from tests.relevance import load_dataset, recall_at_k, store_dataset
 from tests.services import load_services_env
 from worker.graph.lucene import build_query
@@ -35,31 +34,24 @@ def bench_latency(client: MemoryClient, store: Neo4jGraphStore, corpus: Corpus, 
     asked = [(user, text) for user, _, text in queries(corpus, total // USERS)]
     for user_id, text in asked[:WARMUP]:
         client.retrieve_memory(user_id, text)
-    rounds = []
     degraded = 0
-    for r in range(ROUNDS):
-        recall_s, floor_s = [], []
-        for user_id, text in asked[WARMUP + r * QUERIES : WARMUP + (r + 1) * QUERIES]:
-            lucene = build_query(user_tag(user_id), local_keywords(text, max_keywords), text)
-            assert lucene is not None
-            started = time.perf_counter()
-            degraded += client.retrieve_memory(user_id, text).degraded
-            recall_s.append(time.perf_counter() - started)
-            floor_s.append(timed(lambda q=lucene: store.run_bare_fulltext(q, max(limit * 4, 20))))  # type: ignore[misc]
-        rounds.append((latency_ms(recall_s), latency_ms(floor_s)))
-    recall_p95 = statistics.median(a["p95_ms"] for a, _ in rounds)
-    floor_p95 = statistics.median(b["p95_ms"] for _, b in rounds)
+
+    def measure(item: tuple[str, str]) -> tuple[float, float]:
+        nonlocal degraded
+        user_id, text = item
+        lucene = build_query(user_tag(user_id), local_keywords(text, max_keywords), text)
+        assert lucene is not None
+        started = time.perf_counter()
+        degraded += client.retrieve_memory(user_id, text).degraded
+        recalled = time.perf_counter() - started
+        return recalled, timed(lambda: store.run_bare_fulltext(lucene, max(limit * 4, 20)))
+
+    rounds = measure_rounds(asked[WARMUP:], ROUNDS, QUERIES, measure)
     return {
         "episodes": total,
         "users": USERS,
-        "rounds": ROUNDS,
         "queries_per_round": QUERIES,
-        "retrieve_p50_ms_median": statistics.median(a["p50_ms"] for a, _ in rounds),
-        "retrieve_p95_ms_median": recall_p95,
-        "floor_p95_ms_median": floor_p95,
-        "retrieve_p95_ms_by_round": [a["p95_ms"] for a, _ in rounds],
-        "floor_p95_ms_by_round": [b["p95_ms"] for _, b in rounds],
-        "p95_ratio_to_floor": round(recall_p95 / floor_p95, 2),
+        **summarise_rounds("retrieve", rounds),
         "degraded_answers": degraded,
     }
 

@@ -11,12 +11,11 @@ Data: 1k users `bench-u####`, cleared at the start of every run.
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tests.benchmarks.common import Corpus, latency_ms, timed, write_results
+from tests.benchmarks.common import Corpus, measure_rounds, summarise_rounds, timed, write_results
 from tests.services import load_services_env
 from worker.graph.lucene import build_query
 from worker.graph.neo4j_store import Neo4jGraphStore
@@ -104,31 +103,24 @@ def bench_search(store: Neo4jGraphStore, corpus: Corpus, total: int) -> dict[str
     asked = queries(corpus, total // USERS)
     for user_id, keywords, text in asked[:WARMUP]:
         store.search(user_id, keywords, text, 5)
-    rounds: list[tuple[dict[str, float], dict[str, float]]] = []
     hits = 0
-    for r in range(ROUNDS):
-        search_s, floor_s = [], []
-        for user_id, keywords, text in asked[WARMUP + r * QUERIES : WARMUP + (r + 1) * QUERIES]:
-            lucene = build_query(user_tag(user_id), keywords, text)
-            assert lucene is not None
-            search_s.append(timed(lambda u=user_id, k=keywords, t=text: store.search(u, k, t, 5)))  # type: ignore[misc]
-            floor_s.append(timed(lambda q=lucene: store.run_bare_fulltext(q, 20)))  # type: ignore[misc]
-            hits += bool(store.search(user_id, keywords, text, 5).related_episodes)
-        rounds.append((latency_ms(search_s), latency_ms(floor_s)))
-    search_p95 = statistics.median(s["p95_ms"] for s, _ in rounds)
-    floor_p95 = statistics.median(f["p95_ms"] for _, f in rounds)
+
+    def measure(item: tuple[str, list[str], str]) -> tuple[float, float]:
+        nonlocal hits
+        user_id, keywords, text = item
+        lucene = build_query(user_tag(user_id), keywords, text)
+        assert lucene is not None
+        started = time.perf_counter()
+        hits += bool(store.search(user_id, keywords, text, 5).related_episodes)
+        searched = time.perf_counter() - started
+        return searched, timed(lambda: store.run_bare_fulltext(lucene, 20))
+
+    rounds = measure_rounds(asked[WARMUP:], ROUNDS, QUERIES, measure)
     return {
         "episodes": total,
         "users": USERS,
-        "rounds": ROUNDS,
         "queries_per_round": QUERIES,
-        "search_p50_ms_median": statistics.median(s["p50_ms"] for s, _ in rounds),
-        "search_p95_ms_median": search_p95,
-        "floor_p50_ms_median": statistics.median(f["p50_ms"] for _, f in rounds),
-        "floor_p95_ms_median": floor_p95,
-        "search_p95_ms_by_round": [s["p95_ms"] for s, _ in rounds],
-        "floor_p95_ms_by_round": [f["p95_ms"] for _, f in rounds],
-        "p95_ratio_to_floor": round(search_p95 / floor_p95, 2),
+        **summarise_rounds("search", rounds),
         "queries_with_results": hits,
     }
 

@@ -79,3 +79,33 @@ class Corpus:
 
     def sentence(self, rng: random.Random, n_words: int) -> str:
         return " ".join(rng.choices(self.words, self.weights, k=n_words))
+
+
+Round = tuple[dict[str, float], dict[str, float]]  # (latencies of the measured call, of the floor)
+
+
+def measure_rounds(
+    items: list[Any], rounds: int, per_round: int, measure: Callable[[Any], tuple[float, float]]
+) -> list[Round]:
+    """Per round, `measure(item)` → (seconds of the call, seconds of the floor), interleaved item by item."""
+    out = []
+    for r in range(rounds):
+        pairs = [measure(item) for item in items[r * per_round : (r + 1) * per_round]]
+        out.append((latency_ms([a for a, _ in pairs]), latency_ms([b for _, b in pairs])))
+    return out
+
+
+def summarise_rounds(name: str, rounds: list[Round]) -> dict[str, Any]:
+    """Medians over rounds of each p50/p95, the per-round p95s, and the p95 ratio to the floor."""
+    p95 = statistics.median(a["p95_ms"] for a, _ in rounds)
+    floor_p95 = statistics.median(b["p95_ms"] for _, b in rounds)
+    return {
+        "rounds": len(rounds),
+        f"{name}_p50_ms_median": statistics.median(a["p50_ms"] for a, _ in rounds),
+        f"{name}_p95_ms_median": p95,
+        "floor_p50_ms_median": statistics.median(b["p50_ms"] for _, b in rounds),
+        "floor_p95_ms_median": floor_p95,
+        f"{name}_p95_ms_by_round": [a["p95_ms"] for a, _ in rounds],
+        "floor_p95_ms_by_round": [b["p95_ms"] for _, b in rounds],
+        "p95_ratio_to_floor": round(p95 / floor_p95, 2),
+    }

@@ -120,12 +120,19 @@ WITH collect(ep {{.id, .user_id, .session_id, .summary, .created_at, .occurred_a
                  via_entities: reduce(acc = [], l IN name_lists | acc + l)}}) AS episodes,
      collect(ep) AS eps
 CALL (eps) {{
-  UNWIND eps AS ep
+  UNWIND range(0, size(eps) - 1) AS rank
+  WITH eps[rank] AS ep, rank
   MATCH (ep)-[:MENTIONS]->(n:Entity)
-  RETURN collect(DISTINCT n) AS mentioned
+  RETURN collect(DISTINCT n) AS mentioned, collect(DISTINCT CASE WHEN rank = 0 THEN n END) AS first
 }}
-CALL (mentioned) {{
-  UNWIND mentioned AS a
+// one hop out of what the query is about: the entities it matched, then the best episode's entities
+WITH episodes, mentioned, first,
+     reduce(acc = [], e IN episodes | acc + e.via_entities) AS matched_names
+WITH episodes, mentioned,
+     ([n IN mentioned WHERE n.name IN matched_names] + [n IN first WHERE NOT n.name IN matched_names])[..$max_seeds]
+     AS seeds
+CALL (mentioned, seeds) {{
+  UNWIND seeds AS a
   MATCH (a)-[r:RELATED_TO]-(b:Entity)
   WHERE r.user_id = $user_id
   WITH r, b, b IN mentioned AS inner
@@ -134,6 +141,7 @@ CALL (mentioned) {{
        collect({{r: r, b: b, inner: inner}}) AS edges
   RETURN neighbours, [e IN edges WHERE e.inner OR e.b IN neighbours | e.r] AS kept
 }}
+WITH episodes, mentioned, neighbours, kept
 CALL (kept) {{
   UNWIND kept AS r
   WITH DISTINCT r

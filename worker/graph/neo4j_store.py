@@ -197,6 +197,7 @@ class Neo4jGraphStore:
                 user_id=user_id,
                 max_relations=limit * 4,
                 max_neighbours=limit * 2,
+                max_seeds=max(limit, 5),  # each seed costs a scan of its RELATED_TO edges
             ).single(strict=False)
         if row is None:  # no candidates at all
             return MemoryContext()
