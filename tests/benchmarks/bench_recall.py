@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from api_stub.client import MemoryClient
-from tests.benchmarks.bench_store import ROUNDS, USERS, WARMUP, load, queries
+from tests.benchmarks.bench_store import ROUNDS, USERS, WARMUP, clear_population, load, queries
 from tests.benchmarks.common import Corpus, measure_rounds, summarise_rounds, timed, write_results
 from tests.relevance import load_dataset, recall_at_k, store_dataset
 from tests.services import load_services_env
@@ -83,10 +83,7 @@ def main() -> None:
     client = MemoryClient(settings)
     corpus = Corpus()
     results: dict[str, Any] = {"relevance": relevance(client, store, settings)}
-    started = time.perf_counter()
-    for user in range(USERS):  # an empty bench population, so the 10k figure is measured at 10k
-        store.delete_user(f"bench-u{user:04d}")
-    print(f"cleared bench users in {time.perf_counter() - started:.1f} s")
+    clear_population(store)
     at_10k = bench_latency(client, store, corpus, 10_000)
     at_100k = bench_latency(client, store, corpus, 100_000)
     results["retrieve_10k"], results["retrieve_100k"] = at_10k, at_100k
