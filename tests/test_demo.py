@@ -34,16 +34,16 @@ def test_demo_uses_the_model_named_in_the_environment(standin: StandIn) -> None:
     }
     standin.default = lambda request: answer(reply)
     out = run_demo(MEMORY_LLM_MODEL="openai/stand-in", MEMORY_LLM_API_BASE=standin.url, MEMORY_LLM_API_KEY="sk-x")
-    assert "model: openai/stand-in" in out and "processed 6/6" in out
-    assert standin.calls >= 6 and all(r["model"] == "stand-in" for r in standin.requests)
+    assert "model: openai/stand-in" in out and "processed 9/9" in out
+    assert standin.calls >= 9 and all(r["model"] == "stand-in" for r in standin.requests)
     assert "Standin [other]" in out
 
 
 def test_demo_remembers_and_recalls_the_bundled_conversations() -> None:
     out = run_demo(MEMORY_LLM_MODEL="offline")
     assert "model: offline" in out
-    assert "enqueued 6 conversations from 3 users" in out
-    assert "processed 6/6" in out
+    assert "enqueued 9 conversations from 3 users" in out
+    assert "processed 9/9" in out
     for user in ("alice", "bob", "wang"):
         assert f"== {user}" in out
     alice = out.split("== alice")[1].split("== bob")[0]
@@ -51,6 +51,8 @@ def test_demo_remembers_and_recalls_the_bundled_conversations() -> None:
     assert "—" in alice  # a relationship line: source —description→ target
     sister = alice.split("Q: Where does my sister live?")[1].split("Q:")[0]
     assert "Lisbon" in sister  # the answering episode comes first
+    peanuts = alice.split("Q: Am I allergic to anything?")[1].split("Q:")[0]
+    assert "peanuts" in peanuts.split("\n")[1]
     wang = out.split("== wang")[1]
     assert "北京" in wang.split("Q: 北京冬天冷吗")[1].split("Q:")[0]
     assert "memctl flower" in out and "/metrics" in out and "make services-down" in out

@@ -8,7 +8,7 @@ import pytest
 
 from tests.factories import entities, record, relation
 from worker.errors import EpisodeRejected, SettingsError
-from worker.graph.lucene import build_query, escape_text, phrase
+from worker.graph.lucene import build_query, content_terms, escape_text, phrase
 from worker.graph.params import build_save_params
 from worker.identity import derive_episode_id, entity_uid, normalize_name
 from worker.models import Limits, Relationship, build_episode
@@ -43,6 +43,13 @@ def test_query_is_none_when_nothing_searchable() -> None:
     assert build_query("utag", ["*", "?"], "*** ::") is None
     query = build_query("utag", ["New York"], "weather?")
     assert query == '+user_tag:utag +("New York"^2 weather\\?)'
+
+
+def test_function_words_are_not_search_terms_unless_nothing_else_is_left() -> None:
+    assert content_terms("What food must I avoid?") == "food must avoid?"
+    assert content_terms("What is it?") == "What is it?"
+    assert content_terms("北京冬天冷吗 and my Lisbon") == "北京冬天冷吗 Lisbon"
+    assert build_query("t", [], "where is my sister") == "+user_tag:t +(sister)"
 
 
 def test_long_text_is_cut_to_bound_clause_count() -> None:

@@ -20,24 +20,12 @@ from worker.offline import MODEL_NAME as OFFLINE
 from worker.prompts import keywords as prompt
 from worker.prompts.template import PromptTemplate
 from worker.settings import Settings
+from worker.stopwords import ENGLISH_STOP
 
 log = logging.getLogger(__name__)
 
 _CJK_RUN = re.compile(r"[\u4e00-\u9fff]+")
 _LATIN_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’_-]*")
-_ENGLISH_STOP = frozenset(
-    (
-        "a about above after again against all am an and any are as at be because been before being below "
-        "between both but by can could did do does doing down during each few for from further had has have "
-        "having he her here hers herself him himself his how i if in into is it its itself just know let like "
-        "me more most my myself no nor not now of off on once only or other our ours ourselves out over own "
-        "please remember same say said she should so some such tell than that the their theirs them "
-        "themselves then there these they this those through to too under until up very was we were what when "
-        "where which while who whom why will with would you your yours yourself yourselves did does anything "
-        "something thing things"
-    ).split()
-)
-
 Source = Literal["local", "local+llm", "local+cache"]
 
 
@@ -60,7 +48,7 @@ def local_keywords(query: str, max_keywords: int) -> list[str]:
         words.extend(w for w in jieba.analyse.extract_tags(query, topK=max_keywords) if _CJK_RUN.search(w))
     for match in _LATIN_WORD.finditer(query):
         word = match.group(0).lower().strip("'’-_")
-        if len(word) > 1 and word not in _ENGLISH_STOP:
+        if len(word) > 1 and word not in ENGLISH_STOP:
             words.append(word)
     unique = list(dict.fromkeys(words))[:max_keywords]
     return unique or [query.strip()]

@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CONVERSATIONS = Path(__file__).with_name("conversations.jsonl")
 QUESTIONS = {
-    "alice": ["Where does my sister live?", "Who do I run with?"],
+    "alice": ["Where does my sister live?", "Who do I run with?", "Am I allergic to anything?"],
     "bob": ["What is my dog like?", "What did my boss ask me?"],
-    "wang": ["北京冬天冷吗", "我在哪里工作"],
+    "wang": ["北京冬天冷吗", "我在哪里工作", "去上海做什么"],
 }
 
 

@@ -5,9 +5,19 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from worker.stopwords import ENGLISH_STOP
+
 _SPECIAL = frozenset('+-&|!(){}[]^"~*?:\\/')
 _OPERATORS = re.compile(r"\b(AND|OR|NOT|TO)\b")
 _HAS_WORD = re.compile(r"\w")
+_NOT_WORD = re.compile(r"\W+")
+
+
+def content_terms(text: str) -> str:
+    """The text without English function words ("what", "my", "I" ...), which would otherwise match almost
+    every episode and entity description; the text as it is when nothing else is left."""
+    kept = [tok for tok in text.split() if _NOT_WORD.sub("", tok.lower()) not in ENGLISH_STOP]
+    return " ".join(kept) if any(_HAS_WORD.search(t) for t in kept) else text
 
 
 def escape_text(text: str) -> str:
@@ -30,7 +40,7 @@ def build_query(
     The text is cut to max_text_chars so that a long query cannot exceed Lucene's clause limit.
     """
     clauses = [phrase(k) + "^2" for k in keywords if _HAS_WORD.search(k)][:max_keywords]
-    cut = text[:max_text_chars]
+    cut = content_terms(text)[:max_text_chars]
     if _HAS_WORD.search(cut):
         clauses.append(escape_text(cut))
     if not clauses:
