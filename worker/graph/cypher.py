@@ -99,7 +99,7 @@ CALL () {{
 CALL () {{
   CALL db.index.fulltext.queryNodes('{ENTITY_FULLTEXT}', $lucene, {{limit: $k}}) YIELD node, score
   WHERE node.user_id = $user_id
-  MATCH (ep:Episode)-[:MENTIONS]->(node)
+  MATCH (ep)-[:MENTIONS]->(node)  // MENTIONS only leaves episodes: no label check per row
   WHERE ep.user_id = $user_id
   WITH ep, sum(score) AS s, collect(node.name)[..5] AS names
   ORDER BY s DESC, ep.created_at DESC
@@ -122,7 +122,7 @@ WITH collect(ep {{.id, .user_id, .session_id, .summary, .created_at, .occurred_a
 CALL (eps) {{
   UNWIND range(0, size(eps) - 1) AS rank
   WITH eps[rank] AS ep, rank
-  MATCH (ep)-[:MENTIONS]->(n:Entity)
+  MATCH (ep)-[:MENTIONS]->(n)
   RETURN collect(DISTINCT n) AS mentioned, collect(DISTINCT CASE WHEN rank = 0 THEN n END) AS first
 }}
 // one hop out of what the query is about: the entities it matched, then the best episode's entities
@@ -133,7 +133,7 @@ WITH episodes, mentioned,
      AS seeds
 CALL (mentioned, seeds) {{
   UNWIND seeds AS a
-  MATCH (a)-[r:RELATED_TO]-(b:Entity)
+  MATCH (a)-[r:RELATED_TO]-(b)  // RELATED_TO only joins entities of one user (checked again in Python)
   WHERE r.user_id = $user_id
   WITH r, b, b IN mentioned AS inner
   ORDER BY r.weight DESC
