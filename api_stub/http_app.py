@@ -25,10 +25,12 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from api_stub.client import EpisodeReceipt, ForgetReport, MemoryClient
 from api_stub.http_limits import BodySizeLimit
+from api_stub.metrics import registry
 from worker.errors import EpisodeRejected, QueryRejected, SettingsError, StoreError
 from worker.models import MemoryContext
 from worker.settings import Settings
@@ -102,7 +104,6 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
         summary="Remember what each user said across conversations; recall it in milliseconds.",
     )
     app.add_middleware(BodySizeLimit, max_bytes=settings.http_max_body_bytes)
-    app.state.client = memory
     guarded = [Depends(authorised)]
 
     @app.exception_handler(_Unauthorised)
@@ -164,15 +165,11 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
         ok = all(checks.values())
         return JSONResponse({"status": "ok" if ok else "unavailable", **checks}, status_code=200 if ok else 503)
 
+    scraped = registry(memory.redis, memory.recall_counters)  # reads nothing until scraped
+
     @app.get("/metrics", dependencies=guarded, response_class=Response)
     def metrics() -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        from api_stub.metrics import registry
-
-        if not hasattr(app.state, "metrics"):
-            app.state.metrics = registry(memory.redis, memory.recall_counters)
-        return Response(generate_latest(app.state.metrics), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(scraped), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

@@ -15,15 +15,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from api_stub.recall import RecallCounters
 from worker import stats
 from worker.deadletter import DeadLetterStore
-from worker.keys import EXTRACT_QUEUE, INFLIGHT_INDEX, KOMBU_UNACKED, PERSIST_QUEUE
-
-# kombu's Redis transport keeps one list per priority step: "<queue>", "<queue>\x06\x163", ...
-_PRIORITY_SEPARATOR = "\x06\x16"
-_PRIORITY_STEPS = (0, 3, 6, 9)
-
-
-def queue_keys(queue: str) -> list[str]:
-    return [queue if step == 0 else f"{queue}{_PRIORITY_SEPARATOR}{step}" for step in _PRIORITY_STEPS]
+from worker.keys import INFLIGHT_INDEX, KOMBU_UNACKED, QUEUES, queue_lists
 
 
 class MemoryCollector(Collector):
@@ -40,8 +32,8 @@ class MemoryCollector(Collector):
         up = GaugeMetricFamily("memory_redis_up", "1 when Redis answered this scrape.")
         try:
             pipe = redis.pipeline(transaction=False)
-            for queue in (EXTRACT_QUEUE, PERSIST_QUEUE):
-                for key in queue_keys(queue):
+            for queue in QUEUES:
+                for key in queue_lists(queue):
                     pipe.llen(key)
             pipe.hlen(KOMBU_UNACKED)
             pipe.zcard(INFLIGHT_INDEX)
@@ -56,9 +48,11 @@ class MemoryCollector(Collector):
         up.add_metric([], 1)
         yield up
         depth = GaugeMetricFamily("memory_queue_depth", "Messages waiting in a queue.", labels=["queue"])
-        n = len(_PRIORITY_STEPS)
-        for i, queue in enumerate((EXTRACT_QUEUE, PERSIST_QUEUE)):
-            depth.add_metric([queue], sum(replies[i * n : (i + 1) * n]))
+        at = 0
+        for queue in QUEUES:
+            n = len(queue_lists(queue))
+            depth.add_metric([queue], sum(replies[at : at + n]))
+            at += n
         yield depth
         yield GaugeMetricFamily("memory_unacked_messages", "Messages delivered and not yet acknowledged.", replies[-2])
         yield GaugeMetricFamily("memory_inflight_episodes", "Accepted episodes not yet final.", replies[-1])

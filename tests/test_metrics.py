@@ -6,11 +6,11 @@ import time
 
 from prometheus_client import generate_latest
 
-from api_stub.metrics import queue_keys, registry
+from api_stub.metrics import registry
 from api_stub.recall import RecallCounters
 from tests.services import RedisClient
 from worker.deadletter import DeadLetterStore
-from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
+from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE, queue_lists
 from worker.stats import Stats
 
 
@@ -33,7 +33,7 @@ def test_metrics_report_queues_dead_letters_worker_totals_and_recall_latency(cle
     assert empty["memory_episodes_persisted_total"] == 0
 
     clean_redis.lpush(EXTRACT_QUEUE, b"m1", b"m2")
-    clean_redis.lpush(queue_keys(EXTRACT_QUEUE)[2], b"m3")  # a message with a priority lives in its own list
+    clean_redis.lpush(queue_lists(EXTRACT_QUEUE)[2], b"m3")  # a message with a priority lives in its own list
     clean_redis.lpush(PERSIST_QUEUE, b"m4")
     stats = Stats(clean_redis)
     stats.extracted(

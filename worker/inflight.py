@@ -16,9 +16,6 @@ from typing import Any
 
 from worker import keys
 
-# kombu's Redis transport keeps priorities 3, 6 and 9 in lists of their own (separator "\x06\x16").
-_PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
-
 
 class InFlight:
     def __init__(self, redis: Any) -> None:
@@ -66,10 +63,10 @@ class InFlight:
 
     def broker_idle(self) -> bool:
         """No message queued (any priority) and none held unacknowledged by a worker."""
-        lists = [q + suffix for q in (keys.EXTRACT_QUEUE, keys.PERSIST_QUEUE) for suffix in _PRIORITY_SUFFIXES]
         pipe = self._redis.pipeline(transaction=False)
-        for name in lists:
-            pipe.llen(name)
+        for queue in keys.QUEUES:
+            for name in keys.queue_lists(queue):
+                pipe.llen(name)
         pipe.hlen(keys.KOMBU_UNACKED)
         return not any(pipe.execute())
 

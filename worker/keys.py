@@ -8,6 +8,7 @@ LLM_RATE_LIMIT = f"{PREFIX}:ratelimit:llm"
 
 EXTRACT_QUEUE = "memory.extract"
 PERSIST_QUEUE = "memory.persist"
+QUEUES = (EXTRACT_QUEUE, PERSIST_QUEUE)
 
 INFLIGHT_INDEX = f"{PREFIX}:inflight"  # sorted set: episode id → last sign of life
 INFLIGHT_PAYLOADS = f"{PREFIX}:inflight:payloads"  # hash: episode id → {"user_id", "payload"}
@@ -15,6 +16,12 @@ INFLIGHT_SWEEP_LOCK = f"{PREFIX}:inflight:sweep-lock"
 KOMBU_UNACKED = "unacked"  # kombu's hash of messages delivered to a worker and not acknowledged yet
 
 DLQ_INDEX = f"{PREFIX}:dlq:index"  # sorted set: record id → first failure time
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists of one queue: kombu keeps priorities 3, 6 and 9 in lists of their own (separator
+    "\x06\x16"), so a queue's depth is the sum of all four."""
+    return [queue] + [f"{queue}\x06\x16{step}" for step in (3, 6, 9)]
 
 
 def dlq_record(record_id: str) -> str:
