@@ -10,6 +10,7 @@ import logging
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import lru_cache
 from threading import Lock
 
@@ -20,6 +21,7 @@ from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.keywords import KeywordExtractor
 from worker.models import Identifier, MemoryContext
 from worker.settings import Settings
+from worker.timeframe import period_in
 
 log = logging.getLogger("memory.recall")
 audit = logging.getLogger("memory.audit")
@@ -103,9 +105,10 @@ class Recall:
         keyword_budget = max(1, int(min(self._settings.keywords_budget_ms, budget_s * 1000 / 2)))
         words = self._keywords.keywords(user_id, query, budget_ms=keyword_budget).words
         remaining = max(0.05, budget_s - (time.perf_counter() - started))
+        period = period_in(query, datetime.now(UTC))
         try:
             context = self.store.search(
-                user_id, words, query, limit or self._settings.recall_limit, timeout_s=remaining
+                user_id, words, query, limit or self._settings.recall_limit, timeout_s=remaining, period=period
             )
         except StoreError as exc:
             if strict:

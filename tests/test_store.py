@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import jieba
 import pytest
@@ -25,7 +26,7 @@ def test_schema_creation_twice_is_harmless(store: Neo4jGraphStore) -> None:
     before = schema_names(store)
     store.ensure_schema()
     assert schema_names(store) == before
-    assert {"episode_id", "entity_uid", "episode_text", "entity_text", "episode_user"} <= before
+    assert {"episode_id", "entity_uid", "episode_terms", "chunk_terms", "entity_text", "episode_user"} <= before
 
 
 def test_save_then_read_back(store: Neo4jGraphStore, new_user: NewUser) -> None:
@@ -64,8 +65,8 @@ def test_names_merge_per_user_and_missing_relationship_ends_are_created(
     store: Neo4jGraphStore, new_user: NewUser
 ) -> None:
     user, other = new_user("a"), new_user("b")
-    store.save_episode(record(user, "one"), entities("Ａｌｉｃｅ"), [relation("alice ", "Zed")])
-    store.save_episode(record(user, "two"), entities("ALICE"), [])
+    store.save_episode(record(user, "one with alice"), entities("Ａｌｉｃｅ"), [relation("alice ", "Zed")])
+    store.save_episode(record(user, "two with alice"), entities("ALICE"), [])
     store.save_episode(record(other, "three"), entities("Alice"), [])
     assert store.stats(user).entities == 2  # alice + Zed (created from the relationship)
     assert store.stats(other).entities == 1
@@ -154,22 +155,36 @@ def test_delete_user_removes_everything_and_keeps_others(store: Neo4jGraphStore,
     assert store.delete_user(gone).episodes == 0  # idempotent
 
 
-def test_rank_fusion_puts_text_and_entity_agreement_first(store: Neo4jGraphStore, new_user: NewUser) -> None:
-    user = new_user("rrf")
+def test_entities_named_by_the_query_add_to_the_ranking_when_weighted(
+    store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    user = new_user("ent")
     text_only = record(user, "lisbon lisbon lisbon lisbon", summary="lisbon lisbon")
     both = record(user, "we talked about moving to lisbon next year and other plans", summary="moving plans")
     store.save_episode(text_only, [], [])
     store.save_episode(both, entities("Lisbon"), [])
-    context = store.search(user, ["lisbon"], "lisbon", 5)
+    for i in range(3):  # other episodes, so that Lisbon is informative (mentioned by fewer than half)
+        store.save_episode(record(user, f"coffee number {i}"), [], [])
+    default = store.search(user, ["lisbon"], "lisbon", 5)
+    assert [e.id for e in default.related_episodes] == [text_only.id, both.id]  # BM25 alone: tf wins
+    assert all(e.matched_by == ["text"] for e in default.related_episodes)
+    store.weights = replace(store.weights, entities=1.0)
+    try:
+        context = store.search(user, ["lisbon"], "lisbon", 5)
+    finally:
+        store.weights = replace(store.weights, entities=0.0)
     assert [e.id for e in context.related_episodes] == [both.id, text_only.id]
     assert context.related_episodes[0].matched_by == ["text", "entity:Lisbon"]
-    assert context.related_episodes[1].matched_by == ["text"]
     assert context.related_episodes[0].score > context.related_episodes[1].score
 
 
-def test_limit_is_respected_and_ties_go_to_the_newest(store: Neo4jGraphStore, new_user: NewUser) -> None:
+def test_limit_is_respected_and_the_first_results_do_not_depend_on_it(
+    store: Neo4jGraphStore, new_user: NewUser
+) -> None:
     user = new_user("limit")
     for i in range(8):
-        store.save_episode(record(user, f"coffee number {i}"), [], [])
-    context = store.search(user, ["coffee"], "", 3)
-    assert len(context.related_episodes) == 3
+        store.save_episode(record(user, f"coffee number {i}" + " with milk" * (i % 3)), [], [])
+    three = [e.id for e in store.search(user, ["coffee"], "", 3).related_episodes]
+    eight = [e.id for e in store.search(user, ["coffee"], "", 8).related_episodes]
+    assert len(three) == 3 and len(eight) == 8
+    assert eight[:3] == three

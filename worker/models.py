@@ -166,6 +166,9 @@ class EpisodeRecord(_Frozen):
     prompt_tokens: int = Field(0, ge=0)
     completion_tokens: int = Field(0, ge=0)
     cost_usd: float = Field(0.0, ge=0)
+    # Where each message stands in `content` ([start, end) character offsets): the units recall searches.
+    # Not a stored property of the episode; the search windows are built from it.
+    message_spans: tuple[tuple[int, int], ...] = ()
 
 
 class SessionProgress(_Frozen):
@@ -195,6 +198,7 @@ class EpisodeHit(_Frozen):
     extraction: str = ""
     score: float
     matched_by: list[str] = Field(default_factory=list)
+    passage: str = ""  # the part of the conversation that matched (bounded), empty when none is stored
 
 
 class EntityHit(_Frozen):

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from worker.models import Message
+from worker.terms import terms
 
 MODEL_NAME = "offline"
 
@@ -26,6 +27,7 @@ def _words(text: str) -> frozenset[str]:
 _SENTENCE_END = re.compile(r"(?<=[.!?。！？；;])\s*|\n+")
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 _CAPITALISED = re.compile(r"\b[A-Z][\w'’&-]*(?:\s+(?:of\s+|de\s+|the\s+)?[A-Z][\w'’&-]*)*")
+_SPEAKER = re.compile(r"^\s*[A-Z][\w'’.-]*(?: [A-Z][\w'’.-]*){0,2}:\s+")
 _DETERMINED = re.compile(r"\b(?:my|our|his|her|their|your)\s+([a-z][a-z-]{2,})\b")
 _JIEBA_TYPES = {"nr": "person", "nrfg": "person", "nrt": "person", "ns": "place", "nt": "organization", "nz": "other"}
 
@@ -53,6 +55,7 @@ MAX_ENTITIES = 20
 MAX_SALIENT = 6
 SUMMARY_SENTENCES = 3
 SUMMARY_CHARS = 400
+MIN_CONTENT_TERMS = 3  # fewer search terms than this: a greeting or a filler, not a fact
 
 
 @dataclass
@@ -153,11 +156,15 @@ def extract_offline(conversation: Sequence[Message]) -> str:
 
 
 def summarize(all_sentences: Sequence[str], per_sentence: Sequence[Sequence[str]] = ()) -> str:
-    """Extractive: the sentences naming the most entities (the first sentence gets a bonus), in order."""
+    """Extractive: the most informative sentences, in their order. A sentence scores by its distinct content
+    words (a `Name:` speaker prefix left out) and the entities it names; greetings and fillers ("Hey Mel,
+    what's up?") have too few content words and are left out while anything else is there."""
     if not all_sentences:
         return ""
     counts = list(per_sentence) or [[] for _ in all_sentences]
-    scored = sorted(range(len(all_sentences)), key=lambda i: (-(len(counts[i]) + (i == 0)), i))
+    content = [len(set(terms(_SPEAKER.sub("", s)))) for s in all_sentences]
+    informative = [i for i, n in enumerate(content) if n >= MIN_CONTENT_TERMS] or list(range(len(all_sentences)))
+    scored = sorted(informative, key=lambda i: (-(min(content[i], 12) + len(counts[i]) / 2), i))
     chosen = sorted(scored[:SUMMARY_SENTENCES])
     joiner = "" if _CJK.search(all_sentences[0]) else " "
     return joiner.join(all_sentences[i] for i in chosen)[:SUMMARY_CHARS]

@@ -58,6 +58,16 @@ def plan(episode: Episode, done: tuple[int, str] | None, context_size: int) -> P
     return Plan(messages[start:], messages[max(0, start - context_size) : start], progress)
 
 
+def conversation_text(messages: Sequence[Message]) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """The stored text of messages (`role: content` lines) and where each message stands in it."""
+    lines = [f"{m.role}: {m.content}" for m in messages]
+    spans, start = [], 0
+    for line in lines:
+        spans.append((start, start + len(line)))
+        start += len(line) + 1
+    return "\n".join(lines), tuple(spans)
+
+
 def episode_payload(episode: Episode) -> dict[str, Any]:
     return {"v": PAYLOAD_VERSION, "episode": episode.model_dump(mode="json")}
 
@@ -75,12 +85,13 @@ def extract_stage(
     if todo is None:
         return {**base, "status": "unchanged"}
     extraction = extract(todo.new, settings=settings, llm=llm, context=todo.context, episode_id=episode.id)
+    content, spans = conversation_text(todo.new)
     record = EpisodeRecord(
         id=episode.id,
         user_id=episode.user_id,
         session_id=episode.session_id,
         summary=extraction.result.summary,
-        content="\n".join(f"{m.role}: {m.content}" for m in todo.new) if settings.store_content else None,
+        content=content if settings.store_content else None,
         occurred_at=episode.occurred_at,
         extraction=extraction.kind,
         model=extraction.model,
@@ -90,6 +101,7 @@ def extract_stage(
         prompt_tokens=extraction.usage.prompt_tokens,
         completion_tokens=extraction.usage.completion_tokens,
         cost_usd=extraction.usage.cost_usd,
+        message_spans=spans if settings.store_content else (),
     )
     return {
         **base,

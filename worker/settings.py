@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     keywords_budget_ms: int = Field(300, ge=1, le=60_000, description="Time allowed for LLM keywords in recall.")
     keywords_cache_ttl_s: int = Field(86_400, ge=1, description="How long LLM keywords stay cached in Redis.")
     recall_limit: int = Field(5, ge=1, le=100, description="Episodes returned by recall when no limit is given.")
+    recall_entity_weight: float = Field(
+        0.0,
+        ge=0.0,
+        le=10.0,
+        description="Weight of the entities a query names in recall's ranking (0: off; see README, Recall quality).",
+    )
 
     max_messages: int = Field(500, ge=1, le=100_000, description="Most messages accepted in one episode.")
     max_message_chars: int = Field(20_000, ge=1, le=10_000_000, description="Most characters accepted in one message.")

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-EPISODE_FULLTEXT = "episode_text"
+EPISODE_TERMS = "episode_terms"
+CHUNK_TERMS = "chunk_terms"
 ENTITY_FULLTEXT = "entity_text"
 
-# cjk indexes CJK text as bigrams and Latin text as lower-cased words (English stop words removed).
-_FULLTEXT_OPTIONS = "OPTIONS {indexConfig: {`fulltext.analyzer`: 'cjk', `fulltext.eventually_consistent`: false}}"
+
+def _fulltext_options(analyzer: str) -> str:
+    return f"OPTIONS {{indexConfig: {{`fulltext.analyzer`: '{analyzer}', `fulltext.eventually_consistent`: false}}}}"
+
+
+# Episodes and their search windows are indexed on `terms`, which worker/terms.py already analysed (stems,
+# CJK bigrams): the whitespace analyzer indexes exactly those. Entity names keep Lucene's cjk analyzer (CJK
+# bigrams and lower-cased Latin words).
 
 SCHEMA: tuple[str, ...] = (
     "CREATE CONSTRAINT episode_id IF NOT EXISTS FOR (e:Episode) REQUIRE e.id IS UNIQUE",
@@ -15,11 +22,16 @@ SCHEMA: tuple[str, ...] = (
     "CREATE INDEX session_progress_user IF NOT EXISTS FOR (p:SessionProgress) ON (p.user_id)",
     "CREATE INDEX episode_user IF NOT EXISTS FOR (e:Episode) ON (e.user_id)",
     "CREATE INDEX episode_user_created IF NOT EXISTS FOR (e:Episode) ON (e.user_id, e.created_at)",
+    "CREATE INDEX episode_user_occurred IF NOT EXISTS FOR (e:Episode) ON (e.user_id, e.occurred_at)",
     "CREATE INDEX entity_user IF NOT EXISTS FOR (n:Entity) ON (n.user_id)",
-    f"CREATE FULLTEXT INDEX {EPISODE_FULLTEXT} IF NOT EXISTS FOR (e:Episode) "
-    f"ON EACH [e.summary, e.content, e.user_tag] {_FULLTEXT_OPTIONS}",
+    "CREATE INDEX chunk_user IF NOT EXISTS FOR (c:Chunk) ON (c.user_id)",
+    "DROP INDEX episode_text IF EXISTS",  # replaced by episode_terms (see README: upgrading)
+    f"CREATE FULLTEXT INDEX {EPISODE_TERMS} IF NOT EXISTS FOR (e:Episode) "
+    f"ON EACH [e.terms, e.user_tag] {_fulltext_options('whitespace')}",
+    f"CREATE FULLTEXT INDEX {CHUNK_TERMS} IF NOT EXISTS FOR (c:Chunk) "
+    f"ON EACH [c.terms, c.user_tag] {_fulltext_options('whitespace')}",
     f"CREATE FULLTEXT INDEX {ENTITY_FULLTEXT} IF NOT EXISTS FOR (n:Entity) "
-    f"ON EACH [n.name, n.description, n.user_tag] {_FULLTEXT_OPTIONS}",
+    f"ON EACH [n.name, n.description, n.user_tag] {_fulltext_options('cjk')}",
 )
 
 AWAIT_INDEXES = "CALL db.awaitIndexes($timeout_s)"
@@ -64,6 +76,14 @@ SET r.weight = r.weight + row.weight,
 RETURN row.episode_id AS id, count(r) AS n
 """
 
+# Written only with the episode that claimed its id (a redelivery writes no second set).
+SAVE_CHUNKS = """
+UNWIND $rows AS row
+MATCH (e:Episode {id: row.episode_id})
+CREATE (c:Chunk {user_id: row.user_id, user_tag: row.user_tag, episode_id: row.episode_id, seq: row.seq,
+                 start: row.start, end: row.end, terms: row.terms})-[:OF]->(e)
+"""
+
 # How far a session's messages are extracted; it only moves forward, and is written in the same
 # transaction as the episode that advanced it.
 SAVE_PROGRESS = """
@@ -86,73 +106,118 @@ RELEASE_CLAIMS = "UNWIND $ids AS id MATCH (e:Episode {id: id}) REMOVE e.save_tok
 
 # --- recall path -------------------------------------------------------------------------------------
 
-# Recall in one round trip: two candidate lists (episode text by BM25; episodes mentioning entities whose
-# name/description match), fused by reciprocal rank fusion (score = sum of 1 / ($rrf_k + rank)), ties broken
-# by recency, then the winners' entities and the relations among them. The Lucene query already carries
-# +user_tag:<tag>; the exact user_id checks here are what guarantee isolation.
-SEARCH = f"""
+# Recall, round trip 1: the candidate lists, each filtered by user_id (the Lucene queries also carry
+# +user_tag:<tag>). Search windows (a message with its neighbours) score their episode by the best window;
+# whole episodes score by BM25 too; episodes that happened in the period the query names; episodes that
+# mention entities the query names, with how many episodes mention each (an entity everywhere says
+# nothing). Fusion is a pure Python function (worker/graph/fusion.py).
+_WINDOWS = f"""
 CALL () {{
-  CALL db.index.fulltext.queryNodes('{EPISODE_FULLTEXT}', $lucene, {{limit: $k}}) YIELD node, score
+  CALL db.index.fulltext.queryNodes('{CHUNK_TERMS}', $terms, {{limit: $k}}) YIELD node, score
   WHERE node.user_id = $user_id
-  RETURN collect(node) AS by_text
+  WITH node.episode_id AS id, node.seq AS seq, score ORDER BY score DESC
+  WITH id, collect(seq)[0] AS seq, max(score) AS score
+  RETURN collect({{id: id, score: score, seq: seq}}) AS windows
 }}
 CALL () {{
-  CALL db.index.fulltext.queryNodes('{ENTITY_FULLTEXT}', $lucene, {{limit: $k}}) YIELD node, score
+  CALL db.index.fulltext.queryNodes('{EPISODE_TERMS}', $terms, {{limit: $k}}) YIELD node, score
   WHERE node.user_id = $user_id
+  RETURN collect({{id: node.id, score: score}}) AS episodes
+}}
+"""
+_NO_WINDOWS = "WITH [] AS windows, [] AS episodes\n"
+
+_PERIOD = """
+CALL () {
+  MATCH (e:Episode)
+  WHERE e.user_id = $user_id AND e.occurred_at >= $period_from AND e.occurred_at < $period_to
+  WITH e ORDER BY e.occurred_at LIMIT $k
+  RETURN collect(e.id) AS in_period
+}
+"""
+_NO_PERIOD = "WITH windows, episodes, [] AS in_period\n"
+
+# An entity that more than half of the user's episodes mention says nothing about any one of them: it is
+# left out before its mentions are read, which also bounds the cost as a user's history grows.
+_ENTITIES = f"""
+CALL () {{
+  MATCH (e:Episode {{user_id: $user_id}})
+  RETURN count(e) AS episodes_total
+}}
+CALL (episodes_total) {{
+  CALL db.index.fulltext.queryNodes('{ENTITY_FULLTEXT}', $entity_query, {{limit: $k_entities}}) YIELD node
+  WHERE node.user_id = $user_id
+  WITH node, COUNT {{ (node)<-[:MENTIONS]-() }} AS df
+  WHERE df * 2 <= episodes_total
   MATCH (ep)-[:MENTIONS]->(node)  // MENTIONS only leaves episodes: no label check per row
   WHERE ep.user_id = $user_id
-  WITH ep, sum(score) AS s, collect(node.name)[..5] AS names
-  ORDER BY s DESC, ep.created_at DESC
-  LIMIT $k
-  RETURN collect(ep) AS by_entity, collect(names) AS entity_names
+  WITH ep, node, df ORDER BY df, ep.id LIMIT $k_mentions
+  RETURN collect({{id: ep.id, name: node.name, df: df}}) AS mentions
 }}
-WITH by_text, by_entity, entity_names, size(by_text) AS nt
-UNWIND range(0, nt + size(by_entity) - 1) AS i
-WITH CASE WHEN i < nt THEN by_text[i] ELSE by_entity[i - nt] END AS ep,
-     1.0 / ($rrf_k + 1 + CASE WHEN i < nt THEN i ELSE i - nt END) AS part,
-     CASE WHEN i < nt THEN true END AS via_text,
-     CASE WHEN i < nt THEN [] ELSE entity_names[i - nt] END AS names
-WITH ep, sum(part) AS score, count(via_text) > 0 AS via_text, collect(names) AS name_lists
-ORDER BY score DESC, ep.created_at DESC
-LIMIT $limit
-WITH collect(ep {{.id, .user_id, .session_id, .summary, .created_at, .occurred_at, .extraction,
-                 score: score, via_text: via_text,
-                 via_entities: reduce(acc = [], l IN name_lists | acc + l)}}) AS episodes,
+"""
+_NO_ENTITIES = "WITH windows, episodes, in_period, [] AS mentions, 0 AS episodes_total\n"
+
+_CANDIDATES_RETURN = "RETURN windows, episodes, in_period, mentions, episodes_total\n"
+
+
+def candidates_query(*, text: bool, period: bool, entities: bool) -> str:
+    """The candidate read with only the lists this recall uses (each part is a constant of this module)."""
+    return (
+        (_WINDOWS if text else _NO_WINDOWS)
+        + (_PERIOD if period else _NO_PERIOD)
+        + (_ENTITIES if entities else _NO_ENTITIES)
+        + _CANDIDATES_RETURN
+    )
+
+
+# Round trip 2: the winners in their order, with the passage that matched (their best window), their
+# entities, the strongest one-hop neighbours of the entities the query matched and of the best episode's
+# entities (at most $max_seeds seeds), and the relations among them.
+DETAILS = """
+UNWIND range(0, size($hits) - 1) AS rank
+WITH rank, $hits[rank] AS hit
+MATCH (ep:Episode {id: hit.id})
+WHERE ep.user_id = $user_id
+OPTIONAL MATCH (ep)<-[:OF]-(c:Chunk)
+WHERE c.seq = hit.seq
+WITH rank, ep, CASE WHEN c IS NULL OR ep.content IS NULL THEN '' ELSE substring(ep.content, c.start, c.end - c.start)
+                END AS passage
+ORDER BY rank
+WITH collect(ep {.id, .user_id, .session_id, .summary, .created_at, .occurred_at, .extraction,
+                 passage: passage}) AS episodes,
      collect(ep) AS eps
-CALL (eps) {{
+CALL (eps) {
   UNWIND range(0, size(eps) - 1) AS rank
   WITH eps[rank] AS ep, rank
   MATCH (ep)-[:MENTIONS]->(n)
   RETURN collect(DISTINCT n) AS mentioned, collect(DISTINCT CASE WHEN rank = 0 THEN n END) AS first
-}}
+}
 // one hop out of what the query is about: the entities it matched, then the best episode's entities
-WITH episodes, mentioned, first,
-     reduce(acc = [], e IN episodes | acc + e.via_entities) AS matched_names
 WITH episodes, mentioned,
-     ([n IN mentioned WHERE n.name IN matched_names] + [n IN first WHERE NOT n.name IN matched_names])[..$max_seeds]
+     ([n IN mentioned WHERE n.name IN $matched_names] + [n IN first WHERE NOT n.name IN $matched_names])[..$max_seeds]
      AS seeds
-CALL (mentioned, seeds) {{
+CALL (mentioned, seeds) {
   UNWIND seeds AS a
   MATCH (a)-[r:RELATED_TO]-(b)  // RELATED_TO only joins entities of one user (checked again in Python)
   WHERE r.user_id = $user_id
   WITH r, b, b IN mentioned AS inner
   ORDER BY r.weight DESC
   WITH collect(DISTINCT CASE WHEN NOT inner THEN b END)[..$max_neighbours] AS neighbours,
-       collect({{r: r, b: b, inner: inner}}) AS edges
+       collect({r: r, b: b, inner: inner}) AS edges
   RETURN neighbours, [e IN edges WHERE e.inner OR e.b IN neighbours | e.r] AS kept
-}}
+}
 WITH episodes, mentioned, neighbours, kept
-CALL (kept) {{
+CALL (kept) {
   UNWIND kept AS r
   WITH DISTINCT r
   ORDER BY r.weight DESC
   LIMIT $max_relations
-  RETURN collect({{user_id: r.user_id, source: startNode(r).name, target: endNode(r).name,
-                  description: r.description, weight: r.weight}}) AS relations
-}}
+  RETURN collect({user_id: r.user_id, source: startNode(r).name, target: endNode(r).name,
+                  description: r.description, weight: r.weight}) AS relations
+}
 RETURN episodes,
-       [n IN mentioned | n {{.uid, .user_id, .name, .type, .description, .mentions, hop: 0}}]
-       + [n IN neighbours | n {{.uid, .user_id, .name, .type, .description, .mentions, hop: 1}}] AS entities,
+       [n IN mentioned | n {.uid, .user_id, .name, .type, .description, .mentions, hop: 0}]
+       + [n IN neighbours | n {.uid, .user_id, .name, .type, .description, .mentions, hop: 1}] AS entities,
        relations
 """
 
@@ -185,6 +250,13 @@ DETACH DELETE n
 RETURN count(*) AS n
 """
 
+DELETE_USER_CHUNKS_BATCH = """
+MATCH (n:Chunk {user_id: $user_id})
+WITH n LIMIT $batch
+DETACH DELETE n
+RETURN count(*) AS n
+"""
+
 DELETE_USER_ENTITIES_BATCH = """
 MATCH (n:Entity {user_id: $user_id})
 WITH n LIMIT $batch
@@ -199,8 +271,14 @@ DETACH DELETE n
 RETURN count(*) AS n
 """
 
-# Episodes first (their MENTIONS go with them), then entities (with their RELATED_TO), then progress.
-DELETE_USER_BATCHES = (DELETE_USER_EPISODES_BATCH, DELETE_USER_ENTITIES_BATCH, DELETE_USER_PROGRESS_BATCH)
+# Episodes first (their MENTIONS go with them), then entities (with their RELATED_TO), then their search
+# windows and session progress (counted together as other nodes).
+DELETE_USER_BATCHES = (
+    DELETE_USER_EPISODES_BATCH,
+    DELETE_USER_ENTITIES_BATCH,
+    DELETE_USER_CHUNKS_BATCH,
+    DELETE_USER_PROGRESS_BATCH,
+)
 
 STATS_ALL = """
 CALL () { MATCH (e:Episode) RETURN count(e) AS episodes }
@@ -217,8 +295,8 @@ CALL () { MATCH (:Entity {user_id: $user_id})-[r:RELATED_TO]->() RETURN count(r)
 RETURN episodes, entities, relationships, CASE WHEN episodes + entities > 0 THEN 1 ELSE 0 END AS users
 """
 
-# The bare fulltext query, used by benchmarks as the floor that search latency is compared with.
-BARE_EPISODE_FULLTEXT = f"""
-CALL db.index.fulltext.queryNodes('{EPISODE_FULLTEXT}', $lucene, {{limit: $k}}) YIELD node, score
-RETURN node.id AS id, score
+# The bare fulltext query over search windows (recall's main list), the floor benchmarks compare it with.
+BARE_FULLTEXT = f"""
+CALL db.index.fulltext.queryNodes('{CHUNK_TERMS}', $lucene, {{limit: $k}}) YIELD node, score
+RETURN node.episode_id AS id, score
 """

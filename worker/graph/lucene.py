@@ -46,3 +46,12 @@ def build_query(
     if not clauses:
         return None
     return f"+user_tag:{user_tag} +({' '.join(clauses)})"
+
+
+def terms_query(user_tag: str, words: Sequence[str], *, max_terms: int = 64) -> str | None:
+    """`+user_tag:<tag> +(<term> ...)` over already analysed terms (worker/terms.py), or None when there are
+    none. Terms hold only letters and digits; they are escaped all the same."""
+    unique = list(dict.fromkeys(w for w in words if _HAS_WORD.search(w)))[:max_terms]
+    if not unique:
+        return None
+    return f"+user_tag:{user_tag} +({' '.join(escape_text(w) for w in unique)})"

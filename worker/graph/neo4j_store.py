@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -14,8 +15,10 @@ from neo4j.exceptions import ClientError
 from worker.errors import StoreRequestError
 from worker.graph import cypher
 from worker.graph.errors import translated
-from worker.graph.lucene import build_query
+from worker.graph.fusion import FusionWeights, Ranked, fuse
+from worker.graph.lucene import build_query, terms_query
 from worker.graph.params import EpisodeWrite, build_save_params
+from worker.graph.passage import snippet
 from worker.identity import user_tag
 from worker.models import (
     DeleteReport,
@@ -31,10 +34,12 @@ from worker.models import (
     StoreStats,
 )
 from worker.settings import Settings
+from worker.terms import terms
+from worker.timeframe import Period
 
 log = logging.getLogger(__name__)
 
-RRF_K = 60  # reciprocal rank fusion constant (Cormack et al.): damps the weight of the very first ranks
+CANDIDATES = 100  # per candidate list, whatever the limit: a ranking must not depend on how many are asked
 
 _SCHEMA_RACE_CODES = ("EquivalentSchemaRuleAlreadyExists", "IndexAlreadyExists", "ConstraintAlreadyExists")
 
@@ -58,8 +63,10 @@ class Neo4jGraphStore:
         retry_time_s: float = 5.0,
         pool_size: int = 20,
         delete_batch: int = 5_000,
+        weights: FusionWeights | None = None,
     ) -> None:
         self._database = database
+        self.weights = weights or FusionWeights()  # recall's fusion (benchmarks switch signals off to compare)
         self._delete_batch = delete_batch
         self._driver: Driver = GraphDatabase.driver(
             uri,
@@ -81,6 +88,7 @@ class Neo4jGraphStore:
             connect_timeout_s=settings.neo4j_connect_timeout_s,
             retry_time_s=settings.neo4j_retry_time_s,
             pool_size=settings.neo4j_pool_size,
+            weights=FusionWeights(entities=settings.recall_entity_weight),
         )
 
     def _session(self) -> Session:
@@ -150,6 +158,9 @@ class Neo4jGraphStore:
             relationship_rows = [row for row in params.relationships if row["episode_id"] in created]
             n_entities = self._counts(tx, cypher.SAVE_ENTITIES, entity_rows, now)
             n_relationships = self._counts(tx, cypher.SAVE_RELATIONSHIPS, relationship_rows, now)
+            chunk_rows = [row for row in params.chunks if row["episode_id"] in created]
+            if chunk_rows:
+                tx.run(cypher.SAVE_CHUNKS, rows=chunk_rows).consume()
             tx.run(cypher.RELEASE_CLAIMS, ids=sorted(created)).consume()
             for episode_id in created:
                 results[episode_id] = SaveResult(
@@ -181,36 +192,73 @@ class Neo4jGraphStore:
     # --- read --------------------------------------------------------------------------------------
 
     def search(
-        self, user_id: str, keywords: Sequence[str], text: str, limit: int, timeout_s: float | None = None
+        self,
+        user_id: str,
+        keywords: Sequence[str],
+        text: str,
+        limit: int,
+        timeout_s: float | None = None,
+        period: Period | None = None,
     ) -> MemoryContext:
-        query = build_query(user_tag(user_id), keywords, text)
-        if query is None or limit <= 0:
+        """Two reads: the candidate lists (fused in Python, fusion.py), then the winners' details."""
+        if limit <= 0:
             return MemoryContext()
-        k = max(limit * 4, 20)
+        tag = user_tag(user_id)
+        weights = self.weights
+        words = terms(text) + [t for k in keywords for t in terms(k)]
+        terms_lucene = terms_query(tag, words) if weights.text else None
+        entity_lucene = build_query(tag, keywords, text) if weights.entities > 0 else None
+        use_period = period is not None and weights.period > 0
+        if terms_lucene is None and entity_lucene is None and not use_period:
+            return MemoryContext()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        statement = cypher.candidates_query(
+            text=terms_lucene is not None, period=use_period, entities=entity_lucene is not None
+        )
         with translated("search"), self._read_session() as session:
             row = session.run(
-                Query(cypher.SEARCH, timeout=timeout_s),
-                lucene=query,
-                k=k,
+                Query(statement, timeout=timeout_s),
+                terms=terms_lucene,
+                entity_query=entity_lucene,
+                period_from=period.start if period else None,
+                period_to=period.end if period else None,
+                k=CANDIDATES,
+                k_entities=CANDIDATES,
+                k_mentions=CANDIDATES * 4,
+                user_id=user_id,
+            ).single(strict=True)
+            ranked = fuse(
+                windows=row["windows"],
+                episodes=row["episodes"],
+                in_period=row["in_period"],
+                mentions=row["mentions"],
+                episodes_total=row["episodes_total"],
+                weights=weights,
                 limit=limit,
-                rrf_k=RRF_K,
+            )
+            if not ranked:
+                return MemoryContext()
+            left = None if deadline is None else max(0.05, deadline - time.monotonic())
+            details = session.run(
+                Query(cypher.DETAILS, timeout=left),
+                hits=[{"id": r.id, "seq": r.seq} for r in ranked],
+                matched_names=[n[len("entity:") :] for r in ranked for n in r.matched_by if n.startswith("entity:")],
                 user_id=user_id,
                 max_relations=limit * 4,
                 max_neighbours=limit * 2,
                 max_seeds=max(limit, 5),  # each seed costs a scan of its RELATED_TO edges
-            ).single(strict=False)
-        if row is None:  # no candidates at all
-            return MemoryContext()
-        return self._context(row, limit)
+            ).single(strict=True)
+        return self._context(details, ranked, limit, words)
 
     def remembered(self, user_id: str, limit: int = 20) -> MemoryContext:
         """What is kept about a user: the most mentioned entities and the strongest relationships (no episodes)."""
         with translated("remembered"), self._read_session() as session:
             row = session.run(cypher.REMEMBERED, user_id=user_id, limit=limit).single(strict=True)
-        return self._context(row, limit)
+        return self._context(row, limit=limit)
 
     @staticmethod
-    def _context(row: Any, limit: int) -> MemoryContext:
+    def _context(row: Any, ranked: Sequence[Ranked] = (), limit: int = 20, words: Sequence[str] = ()) -> MemoryContext:
+        order = {r.id: r for r in ranked}
         hits = [
             EpisodeHit(
                 id=e["id"],
@@ -220,11 +268,12 @@ class Neo4jGraphStore:
                 created_at=_native(e["created_at"]),
                 occurred_at=_native(e["occurred_at"]),
                 extraction=e["extraction"] or "",
-                score=e["score"],
-                matched_by=(["text"] if e["via_text"] else [])
-                + [f"entity:{n}" for n in dict.fromkeys(e["via_entities"])],
+                score=order[e["id"]].score,
+                matched_by=order[e["id"]].matched_by,
+                passage=snippet(e["passage"] or "", words),
             )
             for e in row["episodes"]
+            if e["id"] in order
         ]
         # the returned episodes' own entities first (most mentioned first), then their one-hop neighbours
         entities = sorted((n for n in row["entities"] if n["hop"] == 0), key=lambda n: -(n["mentions"] or 0))
@@ -257,7 +306,11 @@ class Neo4jGraphStore:
             counts = [self._delete_in_batches(session, statement, user_id) for statement in cypher.DELETE_USER_BATCHES]
         log.info("deleted user graph", extra={"user_id": user_id, "episodes": counts[0], "entities": counts[1]})
         return DeleteReport(
-            user_id=user_id, episodes=counts[0], entities=counts[1], relationships=relationships, other_nodes=counts[2]
+            user_id=user_id,
+            episodes=counts[0],
+            entities=counts[1],
+            relationships=relationships,
+            other_nodes=sum(counts[2:]),
         )
 
     def _delete_in_batches(self, session: Session, statement: str, user_id: str) -> int:
@@ -290,4 +343,4 @@ class Neo4jGraphStore:
     def run_bare_fulltext(self, query: str, k: int) -> list[str]:
         """The bare episode fulltext query (benchmarks use it as the latency floor)."""
         with translated("bare_fulltext"), self._read_session() as session:
-            return [r["id"] for r in session.run(cypher.BARE_EPISODE_FULLTEXT, lucene=query, k=k)]
+            return [r["id"] for r in session.run(cypher.BARE_FULLTEXT, lucene=query, k=k)]

@@ -8,6 +8,9 @@ from typing import Any
 
 from worker.identity import entity_uid, normalize_name, user_tag
 from worker.models import Entity, EpisodeRecord, Relationship
+from worker.terms import indexed
+
+WINDOW_NEIGHBOURS = 1  # a search window is a message with this many neighbours on each side (measured: LoCoMo)
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,7 @@ class SaveParams:
     episodes: list[dict[str, Any]]
     entities: list[dict[str, Any]]
     relationships: list[dict[str, Any]]
+    chunks: list[dict[str, Any]]
 
 
 def _key(name: str) -> str:
@@ -28,17 +32,52 @@ EpisodeWrite = tuple[EpisodeRecord, Sequence[Entity], Sequence[Relationship]]
 
 def build_save_params(writes: Sequence[EpisodeWrite]) -> SaveParams:
     """All rows of a batch, sorted so that concurrent transactions lock shared nodes in the same order."""
-    episodes, entities, relationships = [], [], []
+    episodes, entities, relationships, chunks = [], [], [], []
     for record, ents, rels in writes:
         episode, entity_rows, relationship_rows = _episode_rows(record, ents, rels)
         episodes.append(episode)
         entities.extend(entity_rows)
         relationships.extend(relationship_rows)
+        chunks.extend(chunk_rows(record))
     return SaveParams(
         episodes=sorted(episodes, key=lambda e: e["id"]),
         entities=sorted(entities, key=lambda e: (e["uid"], e["episode_id"])),
         relationships=sorted(relationships, key=lambda r: (r["source_uid"], r["target_uid"], r["episode_id"])),
+        chunks=chunks,
     )
+
+
+def windows(spans: Sequence[tuple[int, int]], length: int) -> list[tuple[int, int]]:
+    """One search window per message: [start, end) of the message and its neighbours. Without spans the
+    whole text is one window."""
+    if not spans:
+        return [(0, length)] if length else []
+    last = len(spans) - 1
+    return [
+        (spans[max(0, i - WINDOW_NEIGHBOURS)][0], spans[min(last, i + WINDOW_NEIGHBOURS)][1]) for i in range(len(spans))
+    ]
+
+
+def chunk_rows(record: EpisodeRecord) -> list[dict[str, Any]]:
+    """The episode's search windows as Chunk rows: offsets into the episode's content and their terms.
+    No content stored (MEMORY_STORE_CONTENT=false), no windows: nothing derived from the text is kept."""
+    if not record.content:
+        return []
+    tag = user_tag(record.user_id)
+    rows = []
+    for seq, (start, end) in enumerate(windows(record.message_spans, len(record.content))):
+        rows.append(
+            {
+                "episode_id": record.id,
+                "user_id": record.user_id,
+                "user_tag": tag,
+                "seq": seq,
+                "start": start,
+                "end": end,
+                "terms": indexed(record.content[start:end]),
+            }
+        )
+    return rows
 
 
 def _episode_rows(
@@ -92,6 +131,7 @@ def _episode_rows(
             if rel.description:
                 merged["description"] = rel.description
 
-    episode = record.model_dump()
+    episode = record.model_dump(exclude={"message_spans"})
     episode["user_tag"] = tag
+    episode["terms"] = indexed(f"{record.summary}\n{record.content or ''}")
     return episode, list(by_key.values()), list(rels.values())

@@ -15,6 +15,7 @@ from worker.models import (
     SessionProgress,
     StoreStats,
 )
+from worker.timeframe import Period
 
 
 class GraphStore(Protocol):
@@ -33,9 +34,16 @@ class GraphStore(Protocol):
         """(messages extracted, digest of them) for a session, or None."""
 
     def search(
-        self, user_id: str, keywords: Sequence[str], text: str, limit: int, timeout_s: float | None = None
+        self,
+        user_id: str,
+        keywords: Sequence[str],
+        text: str,
+        limit: int,
+        timeout_s: float | None = None,
+        period: Period | None = None,
     ) -> MemoryContext:
-        """The user's most relevant episodes for the keywords and text, with their entities and relations."""
+        """The user's most relevant episodes for the keywords and text (favouring those that happened in
+        `period`), with the passages that matched, their entities and relations."""
 
     def delete_user(self, user_id: str) -> DeleteReport:
         """Remove every node and relationship of the user; returns what was removed."""

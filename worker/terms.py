@@ -1,0 +1,73 @@
+"""Search terms: the one text analysis that both the write path (indexed terms) and recall (query terms) use.
+
+Latin words are lower-cased, English function words dropped and the rest stemmed (Snowball English), so
+"painting" finds "painted"; CJK runs become overlapping bigrams (as Lucene's cjk analyzer does), so 续航
+finds 续航里程 without a dictionary. The terms are stored space-separated and indexed with Lucene's
+`whitespace` analyzer: what Neo4j indexes is exactly what this module produced.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import unicodedata
+from functools import lru_cache
+from typing import Any
+
+from worker.stopwords import ENGLISH_STOP
+
+_TOKEN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+|[^\W_]+(?:['’][^\W_]+)*")
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_CLITIC = re.compile(r"['’](?:s|m|re|ve|ll|d|t)$")
+# what is left of negated contractions ("didn't" → "didn") says nothing about content
+_NEGATED = frozenset(
+    "ain aren can couldn didn doesn don hadn hasn haven isn mustn shan shouldn wasn weren won wouldn".split()
+)
+MAX_TERM_CHARS = 40  # longer runs (hashes, base64) carry no meaning and bloat the index
+
+
+_local = threading.local()
+
+
+def _stemmer() -> Any:
+    """One stemmer per thread: a snowballstemmer object keeps its state while it stems (not thread-safe)."""
+    stemmer = getattr(_local, "stemmer", None)
+    if stemmer is None:
+        import snowballstemmer  # small and pure Python; loaded on first use, not at import
+
+        stemmer = _local.stemmer = snowballstemmer.stemmer("english")
+    return stemmer
+
+
+@lru_cache(maxsize=65_536)
+def _stem(word: str) -> str:
+    stemmed: str = _stemmer().stemWord(word)
+    return stemmed
+
+
+def _cjk_bigrams(run: str) -> list[str]:
+    if len(run) == 1:
+        return [run]
+    return [run[i : i + 2] for i in range(len(run) - 1)]
+
+
+def terms(text: str) -> list[str]:
+    """Text → its search terms, in order (duplicates kept: term frequency matters to BM25)."""
+    out: list[str] = []
+    for match in _TOKEN.finditer(unicodedata.normalize("NFKC", text).casefold()):
+        token = match.group(0)
+        if _CJK.match(token):
+            out.extend(_cjk_bigrams(token))
+            continue
+        word = _CLITIC.sub("", token).replace("’", "'")
+        if word in ENGLISH_STOP or word in _NEGATED or len(word) > MAX_TERM_CHARS:
+            continue
+        if len(word) == 1 and not word.isdigit():
+            continue
+        out.append(_stem(word.replace("'", "")))
+    return out
+
+
+def indexed(text: str) -> str:
+    """The terms of a text as the string Neo4j indexes (whitespace analyzer)."""
+    return " ".join(terms(text))
