@@ -53,6 +53,7 @@ def test_demo_remembers_and_recalls_the_bundled_conversations() -> None:
     assert "Lisbon" in sister  # the answering episode comes first
     peanuts = alice.split("Q: Am I allergic to anything?")[1].split("Q:")[0]
     assert "peanuts" in peanuts.split("\n")[1]
+    assert "matched: " in peanuts  # the passage that matched is shown under the summary
     wang = out.split("== wang")[1]
     assert "北京" in wang.split("Q: 北京冬天冷吗")[1].split("Q:")[0]
     assert "memctl flower" in out and "/metrics" in out and "make services-down" in out

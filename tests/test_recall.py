@@ -161,6 +161,8 @@ def test_memctl_recall_and_forget(store: Neo4jGraphStore, new_user: NewUser) -> 
     out = memctl("recall", "--user", user, "Where does Anna live?", "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["related_episodes"][0]["id"] == wanted
+    plain = memctl("recall", "--user", user, "Where does Anna live?")
+    assert "matched: Anna moved to Lisbon" in plain.stdout  # the passage, after the summary line
     assert memctl("recall", "--user", user, "   ").returncode == 2
     gone = memctl("forget", "--user", user, "--yes")
     assert gone.returncode == 0 and json.loads(gone.stdout)["episodes"] == 2

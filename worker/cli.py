@@ -238,6 +238,8 @@ def recall(user_id: str, query: str, limit: int | None, as_json: bool) -> None:
             click.echo(f"degraded: {context.reason}")
         for hit in context.related_episodes:
             click.echo(f"{hit.score:.4f}  {hit.id}  [{', '.join(hit.matched_by)}]  {hit.summary}")
+            if hit.passage:
+                click.echo(f"        matched: {hit.passage}")
         if context.related_entities:
             click.echo("entities: " + ", ".join(f"{e.name} ({e.type})" for e in context.related_entities))
         for rel in context.related_relations:
@@ -262,6 +264,19 @@ def forget(user_id: str, yes: bool) -> None:
     finally:
         client.close()
     click.echo(report.model_dump_json())
+
+
+@main.command()
+def reindex() -> None:
+    """Give episodes stored by an earlier version their search terms and windows (after an upgrade)."""
+    from worker.graph.neo4j_store import Neo4jGraphStore
+
+    store = Neo4jGraphStore.from_settings(_settings())
+    try:
+        store.ensure_schema()
+        click.echo(f"reindexed {store.reindex()} episodes")
+    finally:
+        store.close()
 
 
 @main.command()

@@ -80,6 +80,8 @@ def main(argv: list[str]) -> int:
                 print(f"  Q: {question}")
                 for hit in context.related_episodes[:2]:
                     print(f"    - {hit.summary}  (score {hit.score:.3f}, {', '.join(hit.matched_by)})")
+                    if hit.passage:
+                        print(f"      matched: {hit.passage}")
                 if context.related_entities:
                     print("    entities: " + ", ".join(f"{e.name} [{e.type}]" for e in context.related_entities[:8]))
                 for rel in context.related_relations[:4]:

@@ -102,6 +102,21 @@ WHERE p.user_id = $user_id
 RETURN p.extracted AS extracted, p.digest AS digest
 """
 
+# Episodes stored before search terms existed: found in batches, given their terms and windows.
+EPISODES_WITHOUT_TERMS = """
+MATCH (e:Episode) WHERE e.terms IS NULL
+RETURN e.id AS id, e.user_id AS user_id, e.summary AS summary, e.content AS content
+LIMIT $batch
+"""
+
+SET_TERMS = """
+UNWIND $rows AS row
+MATCH (e:Episode {id: row.id})
+WHERE e.terms IS NULL
+SET e.terms = row.terms
+RETURN row.id AS id
+"""
+
 RELEASE_CLAIMS = "UNWIND $ids AS id MATCH (e:Episode {id: id}) REMOVE e.save_token"
 
 # --- recall path -------------------------------------------------------------------------------------

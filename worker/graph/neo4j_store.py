@@ -17,7 +17,7 @@ from worker.graph import cypher
 from worker.graph.errors import translated
 from worker.graph.fusion import FusionWeights, Ranked, fuse
 from worker.graph.lucene import build_query, terms_query
-from worker.graph.params import EpisodeWrite, build_save_params
+from worker.graph.params import EpisodeWrite, build_save_params, reindex_rows
 from worker.graph.passage import snippet
 from worker.identity import user_tag
 from worker.models import (
@@ -182,6 +182,31 @@ class Neo4jGraphStore:
         if not rows:
             return {}
         return {r["id"]: r["n"] for r in tx.run(statement, rows=rows, now=now)}
+
+    def reindex(self, batch: int = 500) -> int:
+        """Give episodes stored before search terms existed their terms and search windows (idempotent:
+        only episodes without terms are touched). Returns how many were reindexed."""
+        total = 0
+        while True:
+            with translated("reindex"), self._session() as session:
+                found = [dict(r) for r in session.run(cypher.EPISODES_WITHOUT_TERMS, batch=batch)]
+                if not found:
+                    return total
+                rows, chunks = [], []
+                for episode in found:
+                    episode_terms, episode_chunks = reindex_rows(episode)
+                    rows.append({"id": episode["id"], "terms": episode_terms})
+                    chunks.extend(episode_chunks)
+
+                total += session.execute_write(self._set_terms, rows, chunks)
+
+    @staticmethod
+    def _set_terms(tx: ManagedTransaction, rows: list[dict[str, Any]], chunks: list[dict[str, Any]]) -> int:
+        done = {r["id"] for r in tx.run(cypher.SET_TERMS, rows=rows)}  # skips what another run did meanwhile
+        mine = [c for c in chunks if c["episode_id"] in done]
+        if mine:
+            tx.run(cypher.SAVE_CHUNKS, rows=mine).consume()
+        return len(done)
 
     def session_progress(self, user_id: str, key: str) -> tuple[int, str] | None:
         """(messages extracted, digest of them) for a session, or None when nothing was extracted yet."""

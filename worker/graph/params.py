@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,32 @@ def windows(spans: Sequence[tuple[int, int]], length: int) -> list[tuple[int, in
     return [
         (spans[max(0, i - WINDOW_NEIGHBOURS)][0], spans[min(last, i + WINDOW_NEIGHBOURS)][1]) for i in range(len(spans))
     ]
+
+
+_ROLE_LINE = re.compile(r"^(?:user|assistant|system|tool): ", re.M)
+
+
+def spans_from_content(content: str) -> tuple[tuple[int, int], ...]:
+    """Message spans recovered from stored `role: text` lines (for episodes stored before spans existed)."""
+    starts = [m.start() for m in _ROLE_LINE.finditer(content)] or [0]
+    ends = [s - 1 for s in starts[1:]] + [len(content)]
+    return tuple(zip(starts, ends, strict=True))
+
+
+def reindex_rows(episode: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """(episode terms, chunk rows) for a stored episode that has neither (stored before they existed)."""
+    content = episode.get("content") or ""
+    record = EpisodeRecord(
+        id=episode["id"],
+        user_id=episode["user_id"],
+        session_id="-",
+        summary=episode.get("summary") or "",
+        content=content or None,
+        extraction="offline",
+        model="-",
+        message_spans=spans_from_content(content) if content else (),
+    )
+    return indexed(f"{record.summary}\n{content}"), chunk_rows(record)
 
 
 def chunk_rows(record: EpisodeRecord) -> list[dict[str, Any]]:
@@ -133,5 +160,5 @@ def _episode_rows(
 
     episode = record.model_dump(exclude={"message_spans"})
     episode["user_tag"] = tag
-    episode["terms"] = indexed(f"{record.summary}\n{record.content or ''}")
+    episode["terms"] = indexed(f"{record.summary}\n{record.content or ''}")  # as reindex_rows does
     return episode, list(by_key.values()), list(rels.values())
