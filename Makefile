@@ -39,6 +39,7 @@ bench: install services-up
 	$(VENV)/bin/python -m tests.benchmarks.bench_extract
 	$(VENV)/bin/python -m tests.benchmarks.bench_store
 	$(VENV)/bin/python -m tests.benchmarks.bench_recall
+	$(VENV)/bin/python -m tests.benchmarks.bench_locomo
 	$(VENV)/bin/python -m tests.benchmarks.bench_ingest
 
 demo: install services-up
