@@ -20,6 +20,8 @@ def test_terms_stem_english_drop_function_words_and_make_cjk_bigrams() -> None:
     assert terms("我的电动车续航") == ["我的", "的电", "电动", "动车", "车续", "续航"]
     assert terms("续") == ["续"]
     assert terms("Ｌｉｓｂｏｎ") == terms("lisbon") == ["lisbon"]
+    assert terms("我买了Tesla电动车") == ["我买", "买了", "tesla", "电动", "动车"]  # mixed scripts split
+    assert terms("2023年5月") == ["2023", "年", "5", "月"]
 
 
 def test_terms_are_the_same_from_many_threads() -> None:
@@ -54,6 +56,11 @@ def test_periods_named_in_queries() -> None:
     assert week is not None and week.start == datetime(2026, 11, 23, tzinfo=UTC)
     assert period_in("May I ask what my sister does?", NOW) is None
     assert period_in("What is 31 Foo, 2022?", NOW) is None
+    assert period_in("a loan of 2000 dollars last week", NOW) == week.__class__(
+        week.start, week.end, "last week"
+    )  # a number is not a year unless a date word says so
+    for odd in ("0000年", "9999年", "9999-12-31", "9999年12月"):
+        assert period_in(odd, NOW) is None  # never an exception on the recall path
 
 
 def test_fusion_adds_normalised_lists_and_breaks_ties_by_id() -> None:

@@ -16,8 +16,10 @@ from typing import Any
 
 from worker.stopwords import ENGLISH_STOP
 
-_TOKEN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+|[^\W_]+(?:['’][^\W_]+)*")
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+# CJK ideographs, kana and Hangul are written without spaces: they become bigrams, never one long "word"
+_CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+_TOKEN = re.compile(rf"[{_CJK_CHARS}]+|[^\W_{_CJK_CHARS}]+(?:['’][^\W_{_CJK_CHARS}]+)*")
+_CJK = re.compile(rf"[{_CJK_CHARS}]")
 _CLITIC = re.compile(r"['’](?:s|m|re|ve|ll|d|t)$")
 # what is left of negated contractions ("didn't" → "didn") says nothing about content
 _NEGATED = frozenset(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 LAG = timedelta(days=10)
+MIN_YEAR, MAX_YEAR = 1900, 2100  # outside these a number is not a date anyone asks memory about
 
 _MONTHS = {name: i for i, name in enumerate(calendar.month_name) if name} | {
     name: i for i, name in enumerate(calendar.month_abbr) if name
@@ -29,7 +30,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(\d{4})\s*年\s*(\d{1,2})\s*月\s*(\d{1,2})\s*[日号]"), "ynd"),
     (re.compile(r"(\d{4})\s*年\s*(\d{1,2})\s*月"), "yn"),
     (re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b"), "ynd"),
-    (re.compile(rf"\b(?:in|during|since|of)\s+{_YEAR}\b", re.I), "y"),
+    (re.compile(rf"\b(?:in|during|since)\s+{_YEAR}\b", re.I), "y"),
     (re.compile(r"(\d{4})\s*年"), "y"),
 )
 
@@ -70,6 +71,8 @@ def _month(y: int, m: int) -> tuple[datetime, datetime] | None:
 def _absolute(match: re.Match[str], parts: str) -> tuple[datetime, datetime] | None:
     got = dict(zip(parts, match.groups(), strict=True))
     year = int(got["y"])
+    if not MIN_YEAR <= year <= MAX_YEAR:
+        return None
     month = _MONTHS[got["m"].rstrip(".").capitalize()] if "m" in got else int(got.get("n", 0))
     if "d" in got:
         return _day(year, month, int(got["d"]))

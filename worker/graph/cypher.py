@@ -146,7 +146,7 @@ _PERIOD = """
 CALL () {
   MATCH (e:Episode)
   WHERE e.user_id = $user_id AND e.occurred_at >= $period_from AND e.occurred_at < $period_to
-  WITH e ORDER BY e.occurred_at LIMIT $k
+  WITH e ORDER BY e.occurred_at DESC LIMIT $k
   RETURN collect(e.id) AS in_period
 }
 """
@@ -195,8 +195,8 @@ MATCH (ep:Episode {id: hit.id})
 WHERE ep.user_id = $user_id
 OPTIONAL MATCH (ep)<-[:OF]-(c:Chunk)
 WHERE c.seq = hit.seq
-WITH rank, ep, CASE WHEN c IS NULL OR ep.content IS NULL THEN '' ELSE substring(ep.content, c.start, c.end - c.start)
-                END AS passage
+WITH rank, ep, c, CASE WHEN c.end - c.start > $max_window_chars THEN $max_window_chars ELSE c.end - c.start END AS n
+WITH rank, ep, CASE WHEN c IS NULL OR ep.content IS NULL THEN '' ELSE substring(ep.content, c.start, n) END AS passage
 ORDER BY rank
 WITH collect(ep {.id, .user_id, .session_id, .summary, .created_at, .occurred_at, .extraction,
                  passage: passage}) AS episodes,

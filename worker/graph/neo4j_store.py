@@ -39,6 +39,7 @@ from worker.timeframe import Period
 
 log = logging.getLogger(__name__)
 
+MAX_WINDOW_CHARS = 4_000  # of a best window read back to cut its passage from (messages can be 20k long)
 CANDIDATES = 100  # per candidate list, whatever the limit: a ranking must not depend on how many are asked
 
 _SCHEMA_RACE_CODES = ("EquivalentSchemaRuleAlreadyExists", "IndexAlreadyExists", "ConstraintAlreadyExists")
@@ -267,6 +268,7 @@ class Neo4jGraphStore:
             details = session.run(
                 Query(cypher.DETAILS, timeout=left),
                 hits=[{"id": r.id, "seq": r.seq} for r in ranked],
+                max_window_chars=MAX_WINDOW_CHARS,
                 matched_names=[n[len("entity:") :] for r in ranked for n in r.matched_by if n.startswith("entity:")],
                 user_id=user_id,
                 max_relations=limit * 4,
