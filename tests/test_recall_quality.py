@@ -4,6 +4,7 @@ bigrams, and LoCoMo recall on two conversations through the real queue and worke
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import pytest
@@ -135,7 +136,14 @@ def test_episodes_stored_before_search_terms_are_found_after_memctl_reindex(
     with store._session() as s:
         chunks = s.run("MATCH (c:Chunk {episode_id: $id}) RETURN count(c) AS n", id=episode_id).single(strict=True)
     assert chunks["n"] == 3  # one window per recovered message
+    with store._session() as s:  # make it old again, then reindex it from two threads at once
+        s.run(
+            "MATCH (e:Episode {id: $id}) REMOVE e.terms WITH e MATCH (c:Chunk)-[:OF]->(e) DETACH DELETE c",
+            id=episode_id,
+        ).consume()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda _: store.reindex(batch=1), range(2)))
     memctl("reindex")
-    with store._session() as s:  # a second run adds no second set of windows
+    with store._session() as s:  # neither the racing runs nor a later one added a second set of windows
         again = s.run("MATCH (c:Chunk {episode_id: $id}) RETURN count(c) AS n", id=episode_id).single(strict=True)
     assert again["n"] == 3

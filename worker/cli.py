@@ -274,7 +274,8 @@ def reindex() -> None:
     store = Neo4jGraphStore.from_settings(_settings())
     try:
         store.ensure_schema()
-        click.echo(f"reindexed {store.reindex()} episodes")
+        done, skipped = store.reindex()
+        click.echo(f"reindexed {done} episodes" + (f", skipped {skipped} (see the log)" if skipped else ""))
     finally:
         store.close()
 

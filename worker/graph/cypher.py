@@ -25,6 +25,7 @@ SCHEMA: tuple[str, ...] = (
     "CREATE INDEX episode_user_occurred IF NOT EXISTS FOR (e:Episode) ON (e.user_id, e.occurred_at)",
     "CREATE INDEX entity_user IF NOT EXISTS FOR (n:Entity) ON (n.user_id)",
     "CREATE INDEX chunk_user IF NOT EXISTS FOR (c:Chunk) ON (c.user_id)",
+    "CREATE CONSTRAINT chunk_window IF NOT EXISTS FOR (c:Chunk) REQUIRE (c.episode_id, c.seq) IS UNIQUE",
     "DROP INDEX episode_text IF EXISTS",  # replaced by episode_terms (see README: upgrading)
     f"CREATE FULLTEXT INDEX {EPISODE_TERMS} IF NOT EXISTS FOR (e:Episode) "
     f"ON EACH [e.terms, e.user_tag] {_fulltext_options('whitespace')}",
@@ -76,12 +77,15 @@ SET r.weight = r.weight + row.weight,
 RETURN row.episode_id AS id, count(r) AS n
 """
 
-# Written only with the episode that claimed its id (a redelivery writes no second set).
+# Written with the episode that claimed its id (a redelivery writes no second set); MERGE on the unique
+# (episode_id, seq) so that two reindex runs at once cannot either.
 SAVE_CHUNKS = """
 UNWIND $rows AS row
 MATCH (e:Episode {id: row.episode_id})
-CREATE (c:Chunk {user_id: row.user_id, user_tag: row.user_tag, episode_id: row.episode_id, seq: row.seq,
-                 start: row.start, end: row.end, terms: row.terms})-[:OF]->(e)
+MERGE (c:Chunk {episode_id: row.episode_id, seq: row.seq})
+ON CREATE SET c.user_id = row.user_id, c.user_tag = row.user_tag, c.start = row.start, c.end = row.end,
+              c.terms = row.terms
+MERGE (c)-[:OF]->(e)
 """
 
 # How far a session's messages are extracted; it only moves forward, and is written in the same
@@ -104,8 +108,9 @@ RETURN p.extracted AS extracted, p.digest AS digest
 
 # Episodes stored before search terms existed: found in batches, given their terms and windows.
 EPISODES_WITHOUT_TERMS = """
-MATCH (e:Episode) WHERE e.terms IS NULL
+MATCH (e:Episode) WHERE e.terms IS NULL AND e.id > $after
 RETURN e.id AS id, e.user_id AS user_id, e.summary AS summary, e.content AS content
+ORDER BY e.id
 LIMIT $batch
 """
 
@@ -193,8 +198,7 @@ UNWIND range(0, size($hits) - 1) AS rank
 WITH rank, $hits[rank] AS hit
 MATCH (ep:Episode {id: hit.id})
 WHERE ep.user_id = $user_id
-OPTIONAL MATCH (ep)<-[:OF]-(c:Chunk)
-WHERE c.seq = hit.seq
+OPTIONAL MATCH (c:Chunk {episode_id: hit.id, seq: hit.seq})
 WITH rank, ep, c, CASE WHEN c.end - c.start > $max_window_chars THEN $max_window_chars ELSE c.end - c.start END AS n
 WITH rank, ep, CASE WHEN c IS NULL OR ep.content IS NULL THEN '' ELSE substring(ep.content, c.start, n) END AS passage
 ORDER BY rank

@@ -11,6 +11,7 @@ from typing import Any
 
 from neo4j import READ_ACCESS, Driver, GraphDatabase, ManagedTransaction, Query, Session
 from neo4j.exceptions import ClientError
+from pydantic import ValidationError
 
 from worker.errors import StoreRequestError
 from worker.graph import cypher
@@ -184,21 +185,30 @@ class Neo4jGraphStore:
             return {}
         return {r["id"]: r["n"] for r in tx.run(statement, rows=rows, now=now)}
 
-    def reindex(self, batch: int = 500) -> int:
-        """Give episodes stored before search terms existed their terms and search windows (idempotent:
-        only episodes without terms are touched). Returns how many were reindexed."""
-        total = 0
+    def reindex(self, batch: int = 500) -> tuple[int, int]:
+        """Give episodes stored before search terms existed their terms and search windows, in pages by id
+        (idempotent: only episodes without terms are touched). Returns (reindexed, skipped): an episode that
+        cannot be read back as a record is skipped and logged by id, never stopping the run."""
+        total, skipped, after = 0, 0, ""
         while True:
             with translated("reindex"), self._session() as session:
-                found = [dict(r) for r in session.run(cypher.EPISODES_WITHOUT_TERMS, batch=batch)]
+                found = [dict(r) for r in session.run(cypher.EPISODES_WITHOUT_TERMS, batch=batch, after=after)]
                 if not found:
-                    return total
+                    return total, skipped
+                after = found[-1]["id"]
                 rows, chunks = [], []
                 for episode in found:
-                    episode_terms, episode_chunks = reindex_rows(episode)
+                    try:
+                        episode_terms, episode_chunks = reindex_rows(episode)
+                    except ValidationError as exc:
+                        skipped += 1
+                        log.warning(
+                            "reindex skipped an episode",
+                            extra={"episode_id": episode["id"], "error_class": type(exc).__name__},
+                        )
+                        continue
                     rows.append({"id": episode["id"], "terms": episode_terms})
                     chunks.extend(episode_chunks)
-
                 total += session.execute_write(self._set_terms, rows, chunks)
 
     @staticmethod
