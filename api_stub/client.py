@@ -189,6 +189,7 @@ class MemoryClient:
             from api_stub.recall import Recall
             from worker.graph.neo4j_store import Neo4jGraphStore
             from worker.keywords import KeywordExtractor
+            from worker.query_embedding import QueryEmbedder
 
             s = self._settings
             budget_s = s.recall_budget_ms / 1000
@@ -204,7 +205,7 @@ class MemoryClient:
             )
             redis = Redis.from_url(s.redis_url, socket_timeout=budget_s, socket_connect_timeout=budget_s)
             self._redis = redis
-            self._recaller = Recall(s, store, KeywordExtractor(s, redis=redis))
+            self._recaller = Recall(s, store, KeywordExtractor(s, redis=redis), QueryEmbedder(s, redis=redis))
         return self._recaller
 
     def retrieve_memory(

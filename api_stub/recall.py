@@ -20,6 +20,7 @@ from worker.errors import QueryRejected, StoreError
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.keywords import KeywordExtractor
 from worker.models import Identifier, MemoryContext
+from worker.query_embedding import QueryEmbedder
 from worker.settings import Settings
 from worker.timeframe import period_in
 
@@ -83,14 +84,22 @@ def check_query(query: str, settings: Settings) -> str:
 
 
 class Recall:
-    def __init__(self, settings: Settings, store: Neo4jGraphStore, keywords: KeywordExtractor) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Neo4jGraphStore,
+        keywords: KeywordExtractor,
+        embedder: QueryEmbedder | None = None,
+    ) -> None:
         self._settings = settings
         self.store = store
         self._keywords = keywords
+        self._embedder = embedder or QueryEmbedder(settings)
         self.counters = RecallCounters()
 
     def close(self) -> None:
         self._keywords.close()
+        self._embedder.close()
         self.store.close()
 
     def retrieve(
@@ -104,11 +113,23 @@ class Recall:
         budget_s = (budget_ms if budget_ms is not None else self._settings.recall_budget_ms) / 1000
         keyword_budget = max(1, int(min(self._settings.keywords_budget_ms, budget_s * 1000 / 2)))
         words = self._keywords.keywords(user_id, query, budget_ms=keyword_budget).words
+        vector = None
+        if self._embedder.enabled:
+            left_ms = (budget_s - (time.perf_counter() - started)) * 1000
+            vector = self._embedder.vector(
+                user_id, query, budget_ms=max(1, int(min(self._settings.embedding_budget_ms, left_ms / 2)))
+            )
         remaining = max(0.05, budget_s - (time.perf_counter() - started))
         period = period_in(query, datetime.now(UTC))
         try:
             context = self.store.search(
-                user_id, words, query, limit or self._settings.recall_limit, timeout_s=remaining, period=period
+                user_id,
+                words,
+                query,
+                limit or self._settings.recall_limit,
+                timeout_s=remaining,
+                period=period,
+                vector=vector,
             )
         except StoreError as exc:
             if strict:

@@ -43,6 +43,11 @@ def keywords_cache(user_tag: str, digest: str) -> str:
     return f"{PREFIX}:kw:{user_tag}:{digest}"
 
 
+def query_vector_cache(user_tag: str, digest: str) -> str:
+    """A recall query's cached embedding: under the user's query-cache prefix, so erasure finds it too."""
+    return f"{PREFIX}:kw:{user_tag}:vec:{digest}"
+
+
 def keywords_cache_pattern(user_tag: str) -> str:
     return f"{PREFIX}:kw:{user_tag}:*"
 

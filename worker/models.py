@@ -169,6 +169,9 @@ class EpisodeRecord(_Frozen):
     # Where each message stands in `content` ([start, end) character offsets): the units recall searches.
     # Not a stored property of the episode; the search windows are built from it.
     message_spans: tuple[tuple[int, int], ...] = ()
+    # One packed embedding per search window (worker/llm/embeddings.py), when a model is configured; not a
+    # stored property of the episode either.
+    window_vectors: tuple[str, ...] = ()
 
 
 class SessionProgress(_Frozen):

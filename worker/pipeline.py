@@ -14,7 +14,9 @@ from typing import Any
 
 from worker.extraction import extract
 from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.graph.params import window_texts
 from worker.llm.client import LLMClient
+from worker.llm.embeddings import Embedder, pack
 from worker.models import Entity, Episode, EpisodeRecord, Message, Relationship, SessionProgress
 from worker.settings import Settings
 
@@ -73,7 +75,12 @@ def episode_payload(episode: Episode) -> dict[str, Any]:
 
 
 def extract_stage(
-    payload: dict[str, Any], *, settings: Settings, store: Neo4jGraphStore, llm: LLMClient | None
+    payload: dict[str, Any],
+    *,
+    settings: Settings,
+    store: Neo4jGraphStore,
+    llm: LLMClient | None,
+    embedder: Embedder | None = None,
 ) -> dict[str, Any]:
     episode = Episode.model_validate(payload["episode"])
     base = {"episode_id": episode.id, "user_id": episode.user_id}
@@ -86,6 +93,10 @@ def extract_stage(
         return {**base, "status": "unchanged"}
     extraction = extract(todo.new, settings=settings, llm=llm, context=todo.context, episode_id=episode.id)
     content, spans = conversation_text(todo.new)
+    vectors: tuple[str, ...] = ()
+    if settings.embedding_model and settings.store_content:
+        embedder = embedder or Embedder(settings)
+        vectors = tuple(pack(v) for v in embedder.embed(window_texts(content, spans), query=False))
     record = EpisodeRecord(
         id=episode.id,
         user_id=episode.user_id,
@@ -102,6 +113,7 @@ def extract_stage(
         completion_tokens=extraction.usage.completion_tokens,
         cost_usd=extraction.usage.cost_usd,
         message_spans=spans if settings.store_content else (),
+        window_vectors=vectors,
     )
     return {
         **base,

@@ -58,6 +58,22 @@ class Settings(BaseSettings):
     keywords_budget_ms: int = Field(300, ge=1, le=60_000, description="Time allowed for LLM keywords in recall.")
     keywords_cache_ttl_s: int = Field(86_400, ge=1, description="How long LLM keywords stay cached in Redis.")
     recall_limit: int = Field(5, ge=1, le=100, description="Episodes returned by recall when no limit is given.")
+    embedding_model: str | None = Field(
+        None,
+        description="litellm model that embeds search windows (unset: lexical and graph recall only).",
+    )
+    embedding_query_model: str | None = Field(
+        None, description="litellm model that embeds recall queries (unset: the embedding model)."
+    )
+    embedding_api_base: str | None = Field(None, description="Base URL of the embedding provider.")
+    embedding_api_key: SecretStr | None = Field(None, description="API key for the embedding provider.")
+    embedding_timeout_s: float = Field(30.0, gt=0, le=600, description="Timeout of one embedding call.")
+    embedding_budget_ms: int = Field(
+        300, ge=1, le=60_000, description="Time recall waits for the query's embedding (else lexical only)."
+    )
+    recall_dense_weight: float = Field(
+        0.5, ge=0.0, le=10.0, description="Weight of embedding similarity in recall's ranking (with a model)."
+    )
     recall_entity_weight: float = Field(
         0.0,
         ge=0.0,
@@ -128,7 +144,9 @@ class Settings(BaseSettings):
             return [m.strip() for m in value.split(",") if m.strip()]
         return value
 
-    @field_validator("http_token", "neo4j_password", "llm_api_key", "flower_password", mode="before")
+    @field_validator(
+        "http_token", "neo4j_password", "llm_api_key", "embedding_api_key", "flower_password", mode="before"
+    )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         """`MEMORY_HTTP_TOKEN=` in an env file means "not set", never "the empty secret"."""

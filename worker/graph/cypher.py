@@ -84,7 +84,7 @@ UNWIND $rows AS row
 MATCH (e:Episode {id: row.episode_id})
 MERGE (c:Chunk {episode_id: row.episode_id, seq: row.seq})
 ON CREATE SET c.user_id = row.user_id, c.user_tag = row.user_tag, c.start = row.start, c.end = row.end,
-              c.terms = row.terms
+              c.terms = row.terms, c.embedding = row.embedding
 MERGE (c)-[:OF]->(e)
 """
 
@@ -177,15 +177,32 @@ CALL (episodes_total) {{
 """
 _NO_ENTITIES = "WITH windows, episodes, in_period, [] AS mentions, 0 AS episodes_total\n"
 
-_CANDIDATES_RETURN = "RETURN windows, episodes, in_period, mentions, episodes_total\n"
+# Exact cosine over the user's own windows: Neo4j 5.26's vector indexes cannot filter by user before they
+# pick their nearest neighbours, so a shared index would return other users' windows and miss this user's.
+# The cost grows with the user's own history, not with the store.
+_DENSE = """
+CALL () {
+  MATCH (c:Chunk {user_id: $user_id})
+  WHERE c.embedding IS NOT NULL
+  WITH c.episode_id AS id, c.seq AS seq, vector.similarity.cosine(c.embedding, $vector) AS score
+  ORDER BY score DESC
+  LIMIT $k
+  WITH id, collect(seq)[0] AS seq, max(score) AS score
+  RETURN collect({id: id, score: score, seq: seq}) AS dense
+}
+"""
+_NO_DENSE = "WITH windows, episodes, in_period, mentions, episodes_total, [] AS dense\n"
+
+_CANDIDATES_RETURN = "RETURN windows, episodes, in_period, mentions, episodes_total, dense\n"
 
 
-def candidates_query(*, text: bool, period: bool, entities: bool) -> str:
+def candidates_query(*, text: bool, period: bool, entities: bool, dense: bool) -> str:
     """The candidate read with only the lists this recall uses (each part is a constant of this module)."""
     return (
         (_WINDOWS if text else _NO_WINDOWS)
         + (_PERIOD if period else _NO_PERIOD)
         + (_ENTITIES if entities else _NO_ENTITIES)
+        + (_DENSE if dense else _NO_DENSE)
         + _CANDIDATES_RETURN
     )
 

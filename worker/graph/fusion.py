@@ -23,6 +23,7 @@ class FusionWeights:
     windows: float = 1.0
     episodes: float = 0.5
     period: float = 0.3
+    dense: float = 0.0  # embedding similarity of the best window (only with MEMORY_EMBEDDING_MODEL)
     entities: float = 0.0  # measured: 0.02–0.1 cost 0.3–0.4 points of recall_any@5 on LoCoMo (offline model)
 
     @property
@@ -41,6 +42,17 @@ class Ranked:
 def _normalised(scores: dict[str, float]) -> dict[str, float]:
     top = max(scores.values(), default=0.0)
     return {k: v / top for k, v in scores.items()} if top > 0 else {}
+
+
+def _spread(scores: dict[str, float]) -> dict[str, float]:
+    """Similarities → 0..1 over the candidates (cosine values of one model sit in a narrow band, so dividing
+    by the best would flatten them)."""
+    if not scores:
+        return {}
+    low, high = min(scores.values()), max(scores.values())
+    if high <= low:
+        return dict.fromkeys(scores, 1.0)
+    return {k: (v - low) / (high - low) for k, v in scores.items()}
 
 
 def entity_scores(
@@ -68,17 +80,26 @@ def fuse(
     episodes_total: int,
     weights: FusionWeights,
     limit: int,
+    dense: Sequence[dict[str, Any]] = (),
 ) -> list[Ranked]:
     """The best `limit` episodes, best first."""
     by_window = _normalised({w["id"]: float(w["score"]) for w in windows})
-    seqs = {w["id"]: int(w["seq"]) for w in windows}
+    seqs = {d["id"]: int(d["seq"]) for d in dense}
+    seqs.update({w["id"]: int(w["seq"]) for w in windows})  # the lexical best window is the passage shown
+    by_dense = _spread({d["id"]: float(d["score"]) for d in dense})
     by_episode = _normalised({e["id"]: float(e["score"]) for e in episodes})
     by_entity_raw, names = entity_scores(mentions, episodes_total)
     by_entity = _normalised(by_entity_raw)
     period = set(in_period)
 
     total: dict[str, float] = {}
-    for scores, weight in ((by_window, weights.windows), (by_episode, weights.episodes), (by_entity, weights.entities)):
+    lists = (
+        (by_window, weights.windows),
+        (by_episode, weights.episodes),
+        (by_entity, weights.entities),
+        (by_dense, weights.dense),
+    )
+    for scores, weight in lists:
         if weight > 0:
             for key, value in scores.items():
                 total[key] = total.get(key, 0.0) + weight * value
@@ -90,6 +111,8 @@ def fuse(
     out = []
     for key, score in ranked:
         matched = ["text"] if key in by_window or key in by_episode else []
+        if key in by_dense and weights.dense > 0:
+            matched.append("meaning")
         if key in period:
             matched.append("time")
         matched.extend(f"entity:{n}" for n in dict.fromkeys(names.get(key, ())))

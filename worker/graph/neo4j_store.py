@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
@@ -52,6 +53,37 @@ def _native(value: Any) -> Any:
     return to_native() if callable(to_native) else value
 
 
+def _candidate_params(
+    *,
+    terms_lucene: str | None,
+    entity_lucene: str | None,
+    period: Period | None,
+    vector: Sequence[float] | None,
+    user_id: str,
+) -> dict[str, Any]:
+    """The candidate read's parameters: a None list is one the read leaves out."""
+    return {
+        "terms": terms_lucene,
+        "entity_query": entity_lucene,
+        "period_from": period.start if period else None,
+        "period_to": period.end if period else None,
+        "vector": list(vector) if vector is not None else None,
+        "k": CANDIDATES,
+        "k_entities": CANDIDATES,
+        "k_mentions": CANDIDATES * 4,
+        "user_id": user_id,
+    }
+
+
+def _candidates_statement(params: dict[str, Any]) -> str:
+    return cypher.candidates_query(
+        text=params["terms"] is not None,
+        period=params["period_from"] is not None,
+        entities=params["entity_query"] is not None,
+        dense=params["vector"] is not None,
+    )
+
+
 class Neo4jGraphStore:
     """Thread-safe: the driver pools connections; each call opens a short session."""
 
@@ -90,7 +122,10 @@ class Neo4jGraphStore:
             connect_timeout_s=settings.neo4j_connect_timeout_s,
             retry_time_s=settings.neo4j_retry_time_s,
             pool_size=settings.neo4j_pool_size,
-            weights=FusionWeights(entities=settings.recall_entity_weight),
+            weights=FusionWeights(
+                entities=settings.recall_entity_weight,
+                dense=settings.recall_dense_weight if settings.embedding_model else 0.0,
+            ),
         )
 
     def _session(self) -> Session:
@@ -113,6 +148,36 @@ class Neo4jGraphStore:
                     if not any(code in (exc.code or "") for code in _SCHEMA_RACE_CODES):
                         raise
             session.run(cypher.AWAIT_INDEXES, timeout_s=120).consume()
+        self.warm_recall_plans()
+
+    def warm_recall_plans(self) -> None:
+        """Plan recall's reads once (planning the candidate read takes ≈ 0.5 s, more than a recall budget
+        allows on a busy server); Neo4j caches plans server-wide, so every caller's first recall is fast."""
+        w = self.weights
+        noon = datetime(2000, 1, 1, 12, tzinfo=UTC)
+        with translated("warm_recall_plans"), self._read_session() as session:
+            for period in (None, Period(noon, noon, "")):
+                # the same parameters, and so the same cached plan, as a real search (types included)
+                params = _candidate_params(
+                    terms_lucene="+user_tag:none +(none)" if w.text else None,
+                    entity_lucene="+user_tag:none +(none)" if w.entities > 0 else None,
+                    period=period if w.period > 0 else None,
+                    vector=[0.0] * 384 if w.dense > 0 else None,  # the size bucket of common models' vectors
+                    user_id="",
+                )
+                session.run(_candidates_statement(params), params).consume()
+            # Plans are cached per parameter types, and for lists per size bucket (0, 1, 2–10, 11–100).
+            for hits, names in itertools.product((1, 5, 20), (0, 1, 5)):
+                session.run(
+                    cypher.DETAILS,
+                    hits=[{"id": "", "seq": 0}] * hits,
+                    max_window_chars=1,
+                    matched_names=[""] * names,
+                    user_id="",
+                    max_relations=1,
+                    max_neighbours=1,
+                    max_seeds=1,
+                ).consume()
 
     # --- write -------------------------------------------------------------------------------------
 
@@ -235,6 +300,7 @@ class Neo4jGraphStore:
         limit: int,
         timeout_s: float | None = None,
         period: Period | None = None,
+        vector: Sequence[float] | None = None,
     ) -> MemoryContext:
         """Two reads: the candidate lists (fused in Python, fusion.py), then the winners' details."""
         if limit <= 0:
@@ -245,30 +311,26 @@ class Neo4jGraphStore:
         terms_lucene = terms_query(tag, words) if weights.text else None
         entity_lucene = build_query(tag, keywords, text) if weights.entities > 0 else None
         use_period = period is not None and weights.period > 0
-        if terms_lucene is None and entity_lucene is None and not use_period:
+        use_dense = vector is not None and weights.dense > 0
+        if terms_lucene is None and entity_lucene is None and not use_period and not use_dense:
             return MemoryContext()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        statement = cypher.candidates_query(
-            text=terms_lucene is not None, period=use_period, entities=entity_lucene is not None
+        params = _candidate_params(
+            terms_lucene=terms_lucene,
+            entity_lucene=entity_lucene,
+            period=period if use_period else None,
+            vector=vector if use_dense else None,
+            user_id=user_id,
         )
         with translated("search"), self._read_session() as session:
-            row = session.run(
-                Query(statement, timeout=timeout_s),
-                terms=terms_lucene,
-                entity_query=entity_lucene,
-                period_from=period.start if period else None,
-                period_to=period.end if period else None,
-                k=CANDIDATES,
-                k_entities=CANDIDATES,
-                k_mentions=CANDIDATES * 4,
-                user_id=user_id,
-            ).single(strict=True)
+            row = session.run(Query(_candidates_statement(params), timeout=timeout_s), params).single(strict=True)
             ranked = fuse(
                 windows=row["windows"],
                 episodes=row["episodes"],
                 in_period=row["in_period"],
                 mentions=row["mentions"],
                 episodes_total=row["episodes_total"],
+                dense=row["dense"],
                 weights=weights,
                 limit=limit,
             )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.identity import entity_uid, normalize_name, user_tag
+from worker.llm.embeddings import unpack
 from worker.models import Entity, EpisodeRecord, Relationship
 from worker.terms import indexed
 
@@ -46,6 +47,11 @@ def build_save_params(writes: Sequence[EpisodeWrite]) -> SaveParams:
         relationships=sorted(relationships, key=lambda r: (r["source_uid"], r["target_uid"], r["episode_id"])),
         chunks=chunks,
     )
+
+
+def window_texts(content: str, spans: Sequence[tuple[int, int]]) -> list[str]:
+    """The text of each search window, in order (what the embedding model is given)."""
+    return [content[start:end] for start, end in windows(spans, len(content))]
 
 
 def windows(spans: Sequence[tuple[int, int]], length: int) -> list[tuple[int, int]]:
@@ -102,6 +108,7 @@ def chunk_rows(record: EpisodeRecord) -> list[dict[str, Any]]:
                 "start": start,
                 "end": end,
                 "terms": indexed(record.content[start:end]),
+                "embedding": unpack(record.window_vectors[seq]) if seq < len(record.window_vectors) else None,
             }
         )
     return rows
@@ -158,7 +165,7 @@ def _episode_rows(
             if rel.description:
                 merged["description"] = rel.description
 
-    episode = record.model_dump(exclude={"message_spans"})
+    episode = record.model_dump(exclude={"message_spans", "window_vectors"})
     episode["user_tag"] = tag
     episode["terms"] = indexed(f"{record.summary}\n{record.content or ''}")  # as reindex_rows does
     return episode, list(by_key.values()), list(rels.values())

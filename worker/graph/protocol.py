@@ -41,9 +41,11 @@ class GraphStore(Protocol):
         limit: int,
         timeout_s: float | None = None,
         period: Period | None = None,
+        vector: Sequence[float] | None = None,
     ) -> MemoryContext:
         """The user's most relevant episodes for the keywords and text (favouring those that happened in
-        `period`), with the passages that matched, their entities and relations."""
+        `period`, and close in meaning to `vector` when embeddings are configured), with the passages
+        that matched, their entities and relations."""
 
     def delete_user(self, user_id: str) -> DeleteReport:
         """Remove every node and relationship of the user; returns what was removed."""
