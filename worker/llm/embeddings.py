@@ -44,7 +44,12 @@ class Embedder:
         s = self._settings
         model = (s.embedding_query_model or s.embedding_model) if query else s.embedding_model
         assert model is not None
-        kwargs: dict[str, Any] = {"model": model, "timeout": s.embedding_timeout_s}
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "timeout": s.embedding_timeout_s,
+            "num_retries": 0,  # litellm's own retries: off, the task layer retries
+            "max_retries": 0,  # the OpenAI SDK's retries: off as well
+        }
         if s.embedding_api_base:
             kwargs["api_base"] = s.embedding_api_base
         if s.embedding_api_key:
