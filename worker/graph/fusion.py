@@ -4,10 +4,11 @@ Each list's scores are divided by that list's best score (BM25 values are not co
 or indexes), then weighted and added. The weights were measured on LoCoMo's dev split (see README, "Recall
 quality"): the best search window of an episode leads; the whole episode's BM25 adds to it; an episode
 that happened in the period the query names gets a fixed bonus. Entities the query names can add by how
-informative they are for this user (inverse episode frequency); with the offline extractor that lowered
-recall on LoCoMo at every weight tried, so it is off unless MEMORY_RECALL_ENTITY_WEIGHT turns it on (for a
-graph an LLM extracted, or episodes stored without their text). Ties go to the episode id, so a ranking
-never depends on the limit.
+informative they are for this user (inverse episode frequency): alone it lowered recall on LoCoMo at every
+weight tried (offline extractor), together with embeddings 0.05 raised it, so its default is 0.05 with an
+embedding model and 0 without (MEMORY_RECALL_ENTITY_WEIGHT overrides). Embedding similarities of the best
+windows are spread to 0..1 over the candidates and added with MEMORY_RECALL_DENSE_WEIGHT. Ties go to the
+episode id, so a ranking never depends on the limit.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class FusionWeights:
     # embedding similarity of the best window (only with MEMORY_EMBEDDING_MODEL; measured: 0.25 keeps
     # recall_any@5 and lifts @10 on LoCoMo, 0.5 and more lower @5)
     dense: float = 0.0
-    entities: float = 0.0  # measured: 0.02–0.1 cost 0.3–0.4 points of recall_any@5 on LoCoMo (offline model)
+    entities: float = 0.0  # without embeddings 0.02–0.1 cost 0.3–0.4 points of recall_any@5 on LoCoMo
 
     @property
     def text(self) -> bool:

@@ -123,7 +123,7 @@ class Neo4jGraphStore:
             retry_time_s=settings.neo4j_retry_time_s,
             pool_size=settings.neo4j_pool_size,
             weights=FusionWeights(
-                entities=settings.recall_entity_weight,
+                entities=settings.entity_weight,
                 dense=settings.recall_dense_weight if settings.embedding_model else 0.0,
             ),
         )
