@@ -1,5 +1,6 @@
 """Recall benchmark: MemoryClient.retrieve_memory (local keywords) at 10k and 100k episodes against the bare
-fulltext query as the floor, and recall@k on the relevance set of the tests.
+fulltext query as the floor, and recall@k on the relevance set of the tests. The floor is recall's main list
+alone: the same Lucene query over the search windows, the same k (Neo4jGraphStore.run_bare_fulltext).
 
     make bench            (or: .venv/bin/python -m tests.benchmarks.bench_recall)
 
@@ -19,9 +20,7 @@ from tests.benchmarks.bench_store import ROUNDS, USERS, WARMUP, clear_population
 from tests.benchmarks.common import Corpus, measure_rounds, summarise_rounds, timed, write_results
 from tests.relevance import load_dataset, recall_at_k, store_dataset
 from tests.services import load_services_env
-from worker.graph.lucene import build_query
 from worker.graph.neo4j_store import Neo4jGraphStore
-from worker.identity import user_tag
 from worker.keywords import local_keywords
 from worker.settings import Settings
 
@@ -30,7 +29,7 @@ QUERIES = 200  # per round
 
 def bench_latency(client: MemoryClient, store: Neo4jGraphStore, corpus: Corpus, total: int) -> dict[str, Any]:
     load(store, corpus, total)
-    limit, max_keywords = client.settings.recall_limit, client.settings.max_keywords
+    max_keywords = client.settings.max_keywords
     asked = [(user, text) for user, _, text in queries(corpus, total // USERS)]
     for user_id, text in asked[:WARMUP]:
         client.retrieve_memory(user_id, text)
@@ -39,12 +38,11 @@ def bench_latency(client: MemoryClient, store: Neo4jGraphStore, corpus: Corpus, 
     def measure(item: tuple[str, str]) -> tuple[float, float]:
         nonlocal degraded
         user_id, text = item
-        lucene = build_query(user_tag(user_id), local_keywords(text, max_keywords), text)
-        assert lucene is not None
+        keywords = local_keywords(text, max_keywords)
         started = time.perf_counter()
         degraded += client.retrieve_memory(user_id, text).degraded
         recalled = time.perf_counter() - started
-        return recalled, timed(lambda: store.run_bare_fulltext(lucene, max(limit * 4, 20)))
+        return recalled, timed(lambda: store.run_bare_fulltext(user_id, keywords, text))
 
     rounds = measure_rounds(asked[WARMUP:], ROUNDS, QUERIES, measure)
     return {

@@ -17,10 +17,8 @@ from typing import Any
 
 from tests.benchmarks.common import Corpus, measure_rounds, summarise_rounds, timed, write_results
 from tests.services import load_services_env
-from worker.graph.lucene import build_query
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.graph.params import EpisodeWrite
-from worker.identity import user_tag
 from worker.models import Entity, EpisodeRecord, Relationship
 from worker.settings import Settings
 
@@ -118,12 +116,10 @@ def bench_search(store: Neo4jGraphStore, corpus: Corpus, total: int) -> dict[str
     def measure(item: tuple[str, list[str], str]) -> tuple[float, float]:
         nonlocal hits
         user_id, keywords, text = item
-        lucene = build_query(user_tag(user_id), keywords, text)
-        assert lucene is not None
         started = time.perf_counter()
         hits += bool(store.search(user_id, keywords, text, 5).related_episodes)
         searched = time.perf_counter() - started
-        return searched, timed(lambda: store.run_bare_fulltext(lucene, 20))
+        return searched, timed(lambda: store.run_bare_fulltext(user_id, keywords, text))
 
     rounds = measure_rounds(asked[WARMUP:], ROUNDS, QUERIES, measure)
     return {

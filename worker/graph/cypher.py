@@ -137,12 +137,12 @@ CALL () {{
   WHERE node.user_id = $user_id
   WITH node.episode_id AS id, node.seq AS seq, score ORDER BY score DESC
   WITH id, collect(seq)[0] AS seq, max(score) AS score
-  RETURN collect({{id: id, score: score, seq: seq}}) AS windows
+  RETURN collect([id, score, seq]) AS windows  // lists, not maps: no key strings to send per row
 }}
 CALL () {{
   CALL db.index.fulltext.queryNodes('{EPISODE_TERMS}', $terms, {{limit: $k}}) YIELD node, score
   WHERE node.user_id = $user_id
-  RETURN collect({{id: node.id, score: score}}) AS episodes
+  RETURN collect([node.id, score]) AS episodes
 }}
 """
 _NO_WINDOWS = "WITH [] AS windows, [] AS episodes\n"
@@ -172,7 +172,7 @@ CALL (episodes_total) {{
   MATCH (ep)-[:MENTIONS]->(node)  // MENTIONS only leaves episodes: no label check per row
   WHERE ep.user_id = $user_id
   WITH ep, node, df ORDER BY df, ep.id LIMIT $k_mentions
-  RETURN collect({{id: ep.id, name: node.name, df: df}}) AS mentions
+  RETURN collect([ep.id, node.name, df]) AS mentions
 }}
 """
 _NO_ENTITIES = "WITH windows, episodes, in_period, [] AS mentions, 0 AS episodes_total\n"
@@ -188,7 +188,7 @@ CALL () {
   ORDER BY score DESC
   LIMIT $k
   WITH id, collect(seq)[0] AS seq, max(score) AS score
-  RETURN collect({id: id, score: score, seq: seq}) AS dense
+  RETURN collect([id, score, seq]) AS dense
 }
 """
 _NO_DENSE = "WITH windows, episodes, in_period, mentions, episodes_total, [] AS dense\n"

@@ -53,6 +53,11 @@ def _native(value: Any) -> Any:
     return to_native() if callable(to_native) else value
 
 
+def search_terms(keywords: Sequence[str], text: str) -> list[str]:
+    """What recall searches for: the terms of the query text, then those of the keywords."""
+    return terms(text) + [t for k in keywords for t in terms(k)]
+
+
 def _candidate_params(
     *,
     terms_lucene: str | None,
@@ -307,7 +312,7 @@ class Neo4jGraphStore:
             return MemoryContext()
         tag = user_tag(user_id)
         weights = self.weights
-        words = terms(text) + [t for k in keywords for t in terms(k)]
+        words = search_terms(keywords, text)
         terms_lucene = terms_query(tag, words) if weights.text else None
         entity_lucene = build_query(tag, keywords, text) if weights.entities > 0 else None
         use_period = period is not None and weights.period > 0
@@ -325,12 +330,12 @@ class Neo4jGraphStore:
         with translated("search"), self._read_session() as session:
             row = session.run(Query(_candidates_statement(params), timeout=timeout_s), params).single(strict=True)
             ranked = fuse(
-                windows=row["windows"],
-                episodes=row["episodes"],
+                windows=[{"id": i, "score": sc, "seq": q} for i, sc, q in row["windows"]],
+                episodes=[{"id": i, "score": sc} for i, sc in row["episodes"]],
                 in_period=row["in_period"],
-                mentions=row["mentions"],
+                mentions=[{"id": i, "name": n, "df": df} for i, n, df in row["mentions"]],
                 episodes_total=row["episodes_total"],
-                dense=row["dense"],
+                dense=[{"id": i, "score": sc, "seq": q} for i, sc, q in row["dense"]],
                 weights=weights,
                 limit=limit,
             )
@@ -439,7 +444,11 @@ class Neo4jGraphStore:
                 row = session.execute_read(lambda tx: tx.run(cypher.STATS_USER, user_id=user_id).single(strict=True))
             return StoreStats(**dict(row))
 
-    def run_bare_fulltext(self, query: str, k: int) -> list[str]:
-        """The bare episode fulltext query (benchmarks use it as the latency floor)."""
+    def run_bare_fulltext(self, user_id: str, keywords: Sequence[str], text: str, k: int = CANDIDATES) -> list[str]:
+        """The bare fulltext query of recall's main list: the same Lucene query over the search windows with
+        the same k, and nothing else (benchmarks use it as the latency floor)."""
+        query = terms_query(user_tag(user_id), search_terms(keywords, text))
+        if query is None:
+            return []
         with translated("bare_fulltext"), self._read_session() as session:
             return [r["id"] for r in session.run(cypher.BARE_FULLTEXT, lucene=query, k=k)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 
 from worker.terms import terms
 
@@ -12,13 +13,18 @@ _LEAD = 120  # characters kept before the first matched word
 _WORD = re.compile(r"\w+(?:['’]\w+)*")
 
 
+@lru_cache(maxsize=65_536)
+def _word_terms(word: str) -> tuple[str, ...]:
+    return tuple(terms(word))  # words repeat across passages: analyse each once
+
+
 def snippet(text: str, words: Sequence[str], max_chars: int = MAX_PASSAGE_CHARS) -> str:
     """`text` when it is short enough; else the max_chars around the region densest in query terms."""
     text = text.strip()
     if len(text) <= max_chars:
         return text
     wanted = set(words)
-    hits = [m.start() for m in _WORD.finditer(text) if wanted.intersection(terms(m.group(0)))]
+    hits = [m.start() for m in _WORD.finditer(text) if wanted.intersection(_word_terms(m.group(0)))]
     start = 0
     if hits:
         # the start that covers the most matched words within max_chars
