@@ -84,8 +84,16 @@ UNWIND $rows AS row
 MATCH (e:Episode {id: row.episode_id})
 MERGE (c:Chunk {episode_id: row.episode_id, seq: row.seq})
 ON CREATE SET c.user_id = row.user_id, c.user_tag = row.user_tag, c.start = row.start, c.end = row.end,
-              c.terms = row.terms, c.embedding = row.embedding
+              c.terms = row.terms
 MERGE (c)-[:OF]->(e)
+"""
+
+# Embeddings stored as float32 (half the size of a Cypher list of floats).
+SET_CHUNK_VECTORS = """
+UNWIND $rows AS row
+MATCH (c:Chunk {episode_id: row.episode_id, seq: row.seq})
+WHERE c.embedding IS NULL
+CALL db.create.setNodeVectorProperty(c, 'embedding', row.embedding)
 """
 
 # How far a session's messages are extracted; it only moves forward, and is written in the same

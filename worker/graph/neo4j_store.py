@@ -53,6 +53,16 @@ def _native(value: Any) -> Any:
     return to_native() if callable(to_native) else value
 
 
+def _save_chunks(tx: ManagedTransaction, rows: list[dict[str, Any]]) -> None:
+    """Search windows, then the embeddings of those that have one."""
+    if not rows:
+        return
+    tx.run(cypher.SAVE_CHUNKS, rows=rows).consume()
+    vectors = [r for r in rows if r.get("embedding")]
+    if vectors:
+        tx.run(cypher.SET_CHUNK_VECTORS, rows=vectors).consume()
+
+
 def search_terms(keywords: Sequence[str], text: str) -> list[str]:
     """What recall searches for: the terms of the query text, then those of the keywords."""
     return terms(text) + [t for k in keywords for t in terms(k)]
@@ -230,9 +240,7 @@ class Neo4jGraphStore:
             relationship_rows = [row for row in params.relationships if row["episode_id"] in created]
             n_entities = self._counts(tx, cypher.SAVE_ENTITIES, entity_rows, now)
             n_relationships = self._counts(tx, cypher.SAVE_RELATIONSHIPS, relationship_rows, now)
-            chunk_rows = [row for row in params.chunks if row["episode_id"] in created]
-            if chunk_rows:
-                tx.run(cypher.SAVE_CHUNKS, rows=chunk_rows).consume()
+            _save_chunks(tx, [row for row in params.chunks if row["episode_id"] in created])
             tx.run(cypher.RELEASE_CLAIMS, ids=sorted(created)).consume()
             for episode_id in created:
                 results[episode_id] = SaveResult(
@@ -284,9 +292,7 @@ class Neo4jGraphStore:
     @staticmethod
     def _set_terms(tx: ManagedTransaction, rows: list[dict[str, Any]], chunks: list[dict[str, Any]]) -> int:
         done = {r["id"] for r in tx.run(cypher.SET_TERMS, rows=rows)}  # skips what another run did meanwhile
-        mine = [c for c in chunks if c["episode_id"] in done]
-        if mine:
-            tx.run(cypher.SAVE_CHUNKS, rows=mine).consume()
+        _save_chunks(tx, [c for c in chunks if c["episode_id"] in done])
         return len(done)
 
     def session_progress(self, user_id: str, key: str) -> tuple[int, str] | None:
