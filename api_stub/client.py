@@ -20,7 +20,7 @@ from worker.settings import Settings
 
 audit = logging.getLogger("memory.audit")
 
-State = Literal["persisted", "unchanged", "dead_lettered", "pending"]
+State = Literal["persisted", "unchanged", "forgotten", "conflict", "dead_lettered", "pending"]
 
 
 class EpisodeReceipt(BaseModel):
@@ -31,7 +31,10 @@ class EpisodeReceipt(BaseModel):
 class EpisodeState(BaseModel):
     episode_id: str
     task_id: str
-    state: State  # unchanged: the same history was already extracted, nothing new to store
+    # unchanged: the session already holds every message sent, nothing new to store; forgotten: the user was
+    # erased after this was accepted, nothing written; conflict: the episode id is stored with other
+    # content (an explicit id names one send), nothing written
+    state: State
 
 
 class ForgetReport(BaseModel):
@@ -237,6 +240,9 @@ class MemoryClient:
         user_id = check_user_id(user_id)
         recall = self._recall()
         started = time.perf_counter()
+        # First the mark: from its commit on, work accepted before now (queued, retrying, running) is
+        # dropped by both stages and by the persist transaction; then what is stored goes.
+        recall.store.mark_erased(user_id, time.time())
         graph = recall.store.delete_user(user_id)
         dead_letters = DeadLetterStore(self._redis).purge_user(user_id)
         self._in_flight().purge_user(user_id)

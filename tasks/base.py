@@ -10,9 +10,11 @@ from typing import Any
 
 from celery import Task
 from celery.exceptions import Retry
+from celery.worker.request import Request
 
 from tasks.policy import retry_delay_s
 from worker import keys
+from worker.celery_app import args_repr
 from worker.deadletter import Stage
 from worker.runtime import Runtime, runtime
 
@@ -25,9 +27,23 @@ def _episode_id(payload: dict[str, Any]) -> str:
     return str(payload.get("episode_id") or (payload.get("episode") or {}).get("id", ""))
 
 
+class QuietRequest(Request):  # type: ignore[misc]
+    """A task request whose success event does not carry the task's return value.
+
+    Celery puts `saferepr(result)` in every task-succeeded event, even with ignore_result; the extract
+    stage returns the extraction (summary, content) and Flower may keep events on disk, beyond the reach
+    of an erasure. The event keeps its ids and runtime."""
+
+    def send_event(self, type: str, **fields: Any) -> None:
+        if "result" in fields:
+            fields["result"] = "<not shown>"
+        super().send_event(type, **fields)
+
+
 class StageTask(Task):  # type: ignore[misc]
     stage: Stage = "extract"
     max_retries = None  # Celery's own limit is off: tasks/policy.py decides when to give up
+    Request = QuietRequest
 
     def guarded(self, payload: dict[str, Any], body: Callable[[Runtime], dict[str, Any]]) -> dict[str, Any]:
         """Run body; retry transient failures with backoff; dead-letter permanent ones, exhausted retries
@@ -62,7 +78,9 @@ class StageTask(Task):  # type: ignore[misc]
                 )
                 rt.redis.delete(delivery_key)
                 rt.inflight.touch(episode_id, time.time() + delay)
-                raise self.retry(exc=exc, countdown=delay) from exc
+                # A retry is a new message: without argsrepr Celery would put the payload in its events.
+                retry_repr = args_repr(self.name, episode_id)
+                raise self.retry(exc=exc, countdown=delay, argsrepr=retry_repr, kwargsrepr="{}") from exc
             return self._dead_letter(rt, payload, type(exc).__name__, str(exc), traceback.format_exc(), delivery_key)
         rt.redis.delete(delivery_key)
         return result

@@ -33,10 +33,15 @@ def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
     def body(rt: Runtime) -> dict[str, Any]:
         if payload.get("status") == "extracted":  # upstream outcomes (unchanged, dead-lettered) pass through
             rt.ensure_schema()
-        outcome = persist_stage(payload, store=rt.store)
+
+        def extract_again() -> dict[str, Any] | None:
+            episode = rt.inflight.payload(payload["episode_id"])
+            return None if episode is None else extract_stage(episode, settings=rt.settings, store=rt.store, llm=rt.llm)
+
+        outcome = persist_stage(payload, store=rt.store, extract_again=extract_again)
         if outcome["status"] == "persisted" and outcome["created"]:
             rt.stats.persisted()
-        rt.inflight.done(outcome["episode_id"])  # final: persisted, unchanged, or dead-lettered upstream
+        rt.inflight.done(outcome["episode_id"])  # final: persisted, unchanged, forgotten, conflict, dead-lettered
         return outcome
 
     return self.guarded(payload, body)

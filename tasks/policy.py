@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from worker.errors import LLMError, StoreError
+from worker.errors import LLMError, SessionMovedError, StoreError
 from worker.settings import Settings
 
 
@@ -19,6 +19,8 @@ def is_transient(exc: BaseException) -> bool:
     """Outages, timeouts, rate limits: worth another try. Anything else is permanent."""
     if isinstance(exc, LLMError | StoreError):
         return exc.transient
+    if isinstance(exc, SessionMovedError):
+        return True
     try:
         from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import TimeoutError as RedisTimeoutError

@@ -51,6 +51,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def args_repr(task_name: str, episode_id: str) -> str:
+    """What events, Flower and logs show of a stage's arguments: the episode id, never its payload."""
+    return f"(<episode {episode_id}>,)" if task_name == EXTRACT_TASK else f"(<extraction of {episode_id}>,)"
+
+
 def extract_signature(app: Celery, payload: dict[str, Any], episode_id: str) -> Any:
     """The extract stage, published straight to its queue (the anonymous exchange: no binding lookup).
 
@@ -64,7 +69,7 @@ def extract_signature(app: Celery, payload: dict[str, Any], episode_id: str) -> 
         exchange="",
         routing_key=EXTRACT_QUEUE,
         ignore_result=True,
-        argsrepr=f"(<episode {episode_id}>,)",
+        argsrepr=args_repr(EXTRACT_TASK, episode_id),
         kwargsrepr="{}",
     )
 
@@ -83,7 +88,7 @@ def persist_signature(app: Celery, episode_id: str, payload: dict[str, Any] | No
         queue=PERSIST_QUEUE,
         exchange="",
         routing_key=PERSIST_QUEUE,
-        argsrepr="(<extraction>,)",
+        argsrepr=args_repr(PERSIST_TASK, episode_id),
         kwargsrepr="{}",
         task_id=persist_task_id(episode_id),
     )

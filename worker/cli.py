@@ -93,7 +93,7 @@ def import_(file: Path, wait_s: float | None) -> None:
         for state in states:
             counts[state.state] = counts.get(state.state, 0) + 1
         click.echo(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-        if counts.get("pending") or counts.get("dead_lettered"):
+        if counts.get("pending") or counts.get("dead_lettered") or counts.get("conflict"):
             sys.exit(1)
 
 

@@ -62,3 +62,9 @@ class LLMError(MemoryServiceError):
         self.cause = cause
         self.retry_after_s = retry_after_s
         super().__init__(message)
+
+
+class SessionMovedError(MemoryServiceError):
+    """The session's extracted line kept moving under this episode's extraction (sends of one session
+    persisting at the same moment, or the accepted episode no longer at hand to plan again): transient,
+    the next attempt plans again."""

@@ -38,6 +38,11 @@ class InFlight:
         pipe.hdel(keys.INFLIGHT_PAYLOADS, episode_id)
         pipe.execute()
 
+    def payload(self, episode_id: str) -> dict[str, Any] | None:
+        """The accepted episode's extract payload, while it is in flight."""
+        raw = self._redis.hget(keys.INFLIGHT_PAYLOADS, episode_id)
+        return None if raw is None else dict(json.loads(raw)["payload"])
+
     def count(self) -> int:
         return int(self._redis.zcard(keys.INFLIGHT_INDEX))
 

@@ -172,23 +172,44 @@ class EpisodeRecord(_Frozen):
     # One packed embedding per search window (worker/llm/embeddings.py), when a model is configured; not a
     # stored property of the episode either.
     window_vectors: tuple[str, ...] = ()
+    # Digest of the history sent (all its messages): an episode id sent again with other content is a
+    # conflict, not a redelivery.
+    source_digest: str = ""
+    # When add_episode accepted it (epoch seconds, the caller's clock): work accepted before the user was
+    # erased is dropped. None: unknown (a payload from before this field), never dropped.
+    accepted_at: float | None = None
 
 
 class SessionProgress(_Frozen):
-    """How many of a session's messages are already extracted, and a digest of exactly those messages."""
+    """The session's extracted line: the history of the last persisted send, as one short hash per message
+    (`hashes`), with its length and digest. `start` is where this send's extraction began (the messages
+    before it were extracted by earlier sends), so the persist transaction can tell whether the line moved
+    since the extraction was planned."""
 
     key: str
     user_id: str
     session_id: str
     extracted: int = Field(ge=0)
     digest: str
+    hashes: tuple[str, ...] = ()
+    start: int = Field(0, ge=0)
+
+
+SaveOutcome = Literal["created", "exists", "forgotten", "unchanged", "conflict", "moved"]
 
 
 class SaveResult(_Frozen):
+    """created: written now; exists: this very send was already stored (a redelivery); forgotten: accepted
+    before its user was erased, dropped; unchanged: the session's line already holds every message;
+    conflict: the episode id is stored with other content; moved: the session's line moved since the
+    extraction was planned, so part of it was extracted by another send (extract again). Only `created`
+    writes the episode."""
+
     episode_id: str
-    created: bool  # False: the episode was already stored and nothing changed
+    created: bool  # False: nothing of the episode was written
     entities: int = 0
     relationships: int = 0
+    outcome: SaveOutcome = "exists"
 
 
 class EpisodeHit(_Frozen):

@@ -6,30 +6,23 @@ persist: that payload → one Neo4j transaction, together with the session's ext
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from worker.errors import SessionMovedError
 from worker.extraction import extract
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.graph.params import window_texts
 from worker.llm.client import LLMClient
 from worker.llm.embeddings import Embedder, pack
 from worker.models import Entity, Episode, EpisodeRecord, Message, Relationship, SessionProgress
+from worker.sessions import StoredLine, extracted_prefix, message_hashes, messages_digest, progress_key
 from worker.settings import Settings
 
 PAYLOAD_VERSION = 1
-
-
-def progress_key(user_id: str, session_id: str) -> str:
-    return "sp_" + hashlib.sha256(f"{user_id}\x1f{session_id}".encode()).hexdigest()[:32]
-
-
-def messages_digest(messages: Sequence[Message]) -> str:
-    canonical = json.dumps([[m.role, m.content] for m in messages], ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+REPLANS = 3  # extractions again in one persist when the session's line keeps moving (then: retry later)
 
 
 @dataclass(frozen=True)
@@ -39,15 +32,12 @@ class Plan:
     progress: SessionProgress
 
 
-def plan(episode: Episode, done: tuple[int, str] | None, context_size: int) -> Plan | None:
-    """Which messages to extract: those after the session's extracted prefix (if the prefix is unchanged).
-    None when every message is already extracted (the same history sent again)."""
+def plan(episode: Episode, line: StoredLine | None, context_size: int) -> Plan | None:
+    """Which messages to extract: those after the longest prefix the session already extracted. None when
+    the session holds every message of this send (the same history sent again, or a shorter one)."""
     messages = list(episode.messages)
-    start = 0
-    if done is not None:
-        count, digest = done
-        if 0 < count <= len(messages) and messages_digest(messages[:count]) == digest:
-            start = count
+    hashes = message_hashes(messages)
+    start = extracted_prefix(line, messages, hashes)
     if start == len(messages):
         return None
     progress = SessionProgress(
@@ -56,6 +46,8 @@ def plan(episode: Episode, done: tuple[int, str] | None, context_size: int) -> P
         session_id=episode.session_id,
         extracted=len(messages),
         digest=messages_digest(messages),
+        hashes=hashes,
+        start=start,
     )
     return Plan(messages[start:], messages[max(0, start - context_size) : start], progress)
 
@@ -70,8 +62,14 @@ def conversation_text(messages: Sequence[Message]) -> tuple[str, tuple[tuple[int
     return "\n".join(lines), tuple(spans)
 
 
-def episode_payload(episode: Episode) -> dict[str, Any]:
-    return {"v": PAYLOAD_VERSION, "episode": episode.model_dump(mode="json")}
+def episode_payload(episode: Episode, accepted_at: float | None = None) -> dict[str, Any]:
+    """The message of an episode's extract stage; accepted_at (now by default) is when the caller handed it
+    over, compared with the user's erasures."""
+    return {
+        "v": PAYLOAD_VERSION,
+        "episode": episode.model_dump(mode="json"),
+        "accepted_at": time.time() if accepted_at is None else accepted_at,
+    }
 
 
 def extract_stage(
@@ -84,11 +82,16 @@ def extract_stage(
 ) -> dict[str, Any]:
     episode = Episode.model_validate(payload["episode"])
     base = {"episode_id": episode.id, "user_id": episode.user_id}
-    todo = plan(
-        episode,
-        store.session_progress(episode.user_id, progress_key(episode.user_id, episode.session_id)),
-        settings.extract_context_messages,
-    )
+    accepted_at = payload.get("accepted_at")
+    digest = messages_digest(episode.messages)
+    state = store.write_state(episode.user_id, progress_key(episode.user_id, episode.session_id), episode.id)
+    if accepted_at is not None and accepted_at <= state.erased_at:
+        return {**base, "status": "forgotten"}  # the user was erased after this was accepted: no model call
+    if state.episode_digest and state.episode_user == episode.user_id:
+        if state.episode_digest != digest:
+            return {**base, "status": "conflict"}  # this id is stored with other content
+        return {**base, "status": "unchanged"}  # this very send is stored already (sent again, redelivered)
+    todo = plan(episode, state.line, settings.extract_context_messages)
     if todo is None:
         return {**base, "status": "unchanged"}
     extraction = extract(todo.new, settings=settings, llm=llm, context=todo.context, episode_id=episode.id)
@@ -114,6 +117,8 @@ def extract_stage(
         cost_usd=extraction.usage.cost_usd,
         message_spans=spans if settings.store_content else (),
         window_vectors=vectors,
+        source_digest=digest,
+        accepted_at=accepted_at,
     )
     return {
         **base,
@@ -125,14 +130,35 @@ def extract_stage(
     }
 
 
-def persist_stage(payload: dict[str, Any], *, store: Neo4jGraphStore) -> dict[str, Any]:
+# Outcomes of the persist transaction, as the caller's wait() reports them.
+_STATUS = {"created": "persisted", "exists": "persisted", "forgotten": "forgotten", "unchanged": "unchanged"}
+
+
+def persist_stage(
+    payload: dict[str, Any],
+    *,
+    store: Neo4jGraphStore,
+    extract_again: Callable[[], dict[str, Any] | None] | None = None,
+) -> dict[str, Any]:
+    """Save an extraction. When the session's line moved since it was planned (another send of the session
+    persisted in between), extract_again gives a fresh extraction (from the accepted episode) and that is
+    saved instead: a message is never extracted into the graph twice."""
     base = {"episode_id": payload["episode_id"], "user_id": payload["user_id"]}
-    if payload.get("status") != "extracted":
-        return {**base, "status": payload.get("status", "unchanged")}  # unchanged or dead-lettered upstream
-    result = store.save_episode(
-        EpisodeRecord.model_validate(payload["record"]),
-        [Entity.model_validate(e) for e in payload["entities"]],
-        [Relationship.model_validate(r) for r in payload["relationships"]],
-        SessionProgress.model_validate(payload["progress"]),
-    )
-    return {**base, "status": "persisted", "created": result.created}
+    for _ in range(REPLANS + 1):
+        if payload.get("status") != "extracted":  # unchanged, forgotten, conflict, dead-lettered upstream
+            return {**base, "status": payload.get("status", "unchanged"), "created": False}
+        result = store.save_episode(
+            EpisodeRecord.model_validate(payload["record"]),
+            [Entity.model_validate(e) for e in payload["entities"]],
+            [Relationship.model_validate(r) for r in payload["relationships"]],
+            SessionProgress.model_validate(payload["progress"]),
+        )
+        if result.outcome == "conflict":
+            return {**base, "status": "conflict", "created": False}
+        if result.outcome != "moved":
+            return {**base, "status": _STATUS[result.outcome], "created": result.created}
+        fresh = extract_again() if extract_again is not None else None
+        if fresh is None:
+            raise SessionMovedError("the session moved since this extraction and its episode is not at hand")
+        payload = fresh
+    raise SessionMovedError(f"the session kept moving; extracted {REPLANS + 1} times")

@@ -19,6 +19,7 @@ SCHEMA: tuple[str, ...] = (
     "CREATE CONSTRAINT episode_id IF NOT EXISTS FOR (e:Episode) REQUIRE e.id IS UNIQUE",
     "CREATE CONSTRAINT entity_uid IF NOT EXISTS FOR (n:Entity) REQUIRE n.uid IS UNIQUE",
     "CREATE CONSTRAINT session_progress_key IF NOT EXISTS FOR (p:SessionProgress) REQUIRE p.key IS UNIQUE",
+    "CREATE CONSTRAINT user_mark_tag IF NOT EXISTS FOR (u:UserMark) REQUIRE u.user_tag IS UNIQUE",
     "CREATE INDEX session_progress_user IF NOT EXISTS FOR (p:SessionProgress) ON (p.user_id)",
     "CREATE INDEX episode_user IF NOT EXISTS FOR (e:Episode) ON (e.user_id)",
     "CREATE INDEX episode_user_created IF NOT EXISTS FOR (e:Episode) ON (e.user_id, e.created_at)",
@@ -47,7 +48,32 @@ CLAIM_EPISODES = """
 UNWIND $episodes AS ep
 MERGE (e:Episode {id: ep.id})
 ON CREATE SET e += ep, e.save_token = $token
-RETURN ep.id AS id, e.save_token = $token AS created, e.user_id AS user_id
+RETURN ep.id AS id, e.save_token = $token AS created, e.user_id AS user_id, e.source_digest AS source_digest
+"""
+
+# One node per user tag (a hash: no user id is kept after an erasure). Setting a property takes its write
+# lock and the read that follows sees what is committed, so a persist transaction and an erasure of the
+# same user are serialised: work accepted before the erasure can never be written after it.
+LOCK_USERS = """
+UNWIND $tags AS tag
+MERGE (u:UserMark {user_tag: tag})
+ON CREATE SET u.erased_at = 0.0
+SET u.locked_at = $now
+RETURN tag, u.erased_at AS erased_at
+"""
+
+MARK_ERASED = """
+MERGE (u:UserMark {user_tag: $tag})
+SET u.erased_at = CASE WHEN coalesce(u.erased_at, 0.0) > $at THEN u.erased_at ELSE $at END
+"""
+
+# The sessions' lines, locked for the rest of the persist transaction (see worker/sessions.py).
+LOCK_PROGRESS = """
+UNWIND $rows AS row
+MERGE (p:SessionProgress {key: row.key})
+ON CREATE SET p.user_id = row.user_id, p.session_id = row.session_id, p.extracted = 0, p.digest = '', p.hashes = []
+SET p.locked_at = $now
+RETURN row.key AS key, p.extracted AS extracted, p.digest AS digest, p.hashes AS hashes
 """
 
 SAVE_ENTITIES = """
@@ -101,17 +127,19 @@ CALL db.create.setNodeVectorProperty(c, 'embedding', row.embedding)
 SAVE_PROGRESS = """
 UNWIND $rows AS row
 MERGE (p:SessionProgress {key: row.key})
-ON CREATE SET p.user_id = row.user_id, p.session_id = row.session_id, p.extracted = -1
-WITH p, row, row.extracted > p.extracted AS ahead
-SET p.digest = CASE WHEN ahead THEN row.digest ELSE p.digest END,
-    p.extracted = CASE WHEN ahead THEN row.extracted ELSE p.extracted END,
-    p.updated_at = $now
+ON CREATE SET p.user_id = row.user_id, p.session_id = row.session_id
+SET p.extracted = row.extracted, p.digest = row.digest, p.updated_at = $now,
+    p.hashes = CASE WHEN size(row.hashes) = 0 THEN null ELSE row.hashes END  // none: a payload from before lines
 """
 
-GET_PROGRESS = """
-MATCH (p:SessionProgress {key: $key})
-WHERE p.user_id = $user_id
-RETURN p.extracted AS extracted, p.digest AS digest
+# What the extract stage needs before it calls the model: the session's line, when the user was last
+# erased, and the digest of an episode already stored under this id.
+WRITE_STATE = """
+OPTIONAL MATCH (p:SessionProgress {key: $key}) WHERE p.user_id = $user_id
+OPTIONAL MATCH (u:UserMark {user_tag: $tag})
+OPTIONAL MATCH (e:Episode {id: $episode_id})
+RETURN p.extracted AS extracted, p.digest AS digest, p.hashes AS hashes,
+       coalesce(u.erased_at, 0.0) AS erased_at, e.user_id AS episode_user, e.source_digest AS episode_digest
 """
 
 # Episodes stored before search terms existed: found in batches, given their terms and windows.

@@ -6,7 +6,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +21,7 @@ from worker.graph.fusion import FusionWeights, Ranked, fuse
 from worker.graph.lucene import build_query, terms_query
 from worker.graph.params import EpisodeWrite, build_save_params, reindex_rows
 from worker.graph.passage import snippet
+from worker.graph.write_checks import check_writes
 from worker.identity import user_tag
 from worker.models import (
     DeleteReport,
@@ -35,6 +36,7 @@ from worker.models import (
     SessionProgress,
     StoreStats,
 )
+from worker.sessions import StoredLine, WriteState
 from worker.settings import Settings
 from worker.terms import terms
 from worker.timeframe import Period
@@ -203,39 +205,57 @@ class Neo4jGraphStore:
         relationships: Sequence[Relationship],
         progress: SessionProgress | None = None,
     ) -> SaveResult:
-        return self.save_episodes([(record, entities, relationships)], [progress] if progress else ())[0]
+        return self.save_episodes([(record, entities, relationships)], {record.id: progress} if progress else {})[0]
 
     def save_episodes(
-        self, writes: Sequence[EpisodeWrite], progress: Sequence[SessionProgress] = ()
+        self, writes: Sequence[EpisodeWrite], progress: Mapping[str, SessionProgress] | None = None
     ) -> list[SaveResult]:
         """Several episodes in one transaction: the fulltext-index refresh and the commit are paid once.
 
-        An episode whose id is already stored is left as it is (created=False); one whose id belongs to
-        another user is refused with StoreRequestError and nothing of the batch is written.
+        `progress` maps an episode id to the session line its send leaves. Under the user's and the
+        session's locks, an episode accepted before its user was erased, or whose messages the session
+        already holds, or whose session moved since its extraction, is not written (write_checks.py). An
+        episode whose id is already stored is left as it is: `exists` for the same send, `conflict` for
+        other content. One whose id belongs to another user is refused with StoreRequestError and nothing
+        of the batch is written.
         """
         if not writes:
             return []
         first: dict[str, EpisodeWrite] = {}
         for write in writes:
             first.setdefault(write[0].id, write)  # the same episode twice in one batch is saved once
-        params = build_save_params(list(first.values()))
         token = uuid.uuid4().hex
         now = datetime.now(UTC)
         owners = {episode_id: write[0].user_id for episode_id, write in first.items()}
-
-        progress_rows = [p.model_dump() for p in sorted(progress, key=lambda p: p.key)]
+        lines = {k: v for k, v in (progress or {}).items() if k in first}
 
         def work(tx: ManagedTransaction) -> dict[str, SaveResult]:
+            refused = check_writes(tx, list(first.values()), lines)
+            results = {i: SaveResult(episode_id=i, created=False, outcome=why) for i, why in refused.items()}
+            todo = [write for i, write in first.items() if i not in refused]
+            if not todo:
+                return results
+            params = build_save_params(todo)
             claims = list(tx.run(cypher.CLAIM_EPISODES, episodes=params.episodes, token=token))
             foreign = [c["id"] for c in claims if c["user_id"] != owners[c["id"]]]
             if foreign:
                 raise StoreRequestError(f"episode {foreign[0]} already belongs to another user")
             created = {c["id"] for c in claims if c["created"]}
-            results = {c["id"]: SaveResult(episode_id=c["id"], created=c["id"] in created) for c in claims}
-            if progress_rows:
-                tx.run(cypher.SAVE_PROGRESS, rows=progress_rows, now=now).consume()
+            sources = {w[0].id: w[0].source_digest for w in todo}
+            for c in claims:
+                if c["id"] in created:
+                    continue
+                stored, sent = c["source_digest"], sources[c["id"]]
+                conflict = bool(stored and sent and stored != sent)  # unknown on either side: a redelivery
+                results[c["id"]] = SaveResult(
+                    episode_id=c["id"], created=False, outcome="conflict" if conflict else "exists"
+                )
             if not created:
                 return results
+            # Only a send written now moves its session's line (a redelivered one was counted when written).
+            progress_rows = [lines[i].model_dump(exclude={"start"}) for i in sorted(lines) if i in created]
+            if progress_rows:
+                tx.run(cypher.SAVE_PROGRESS, rows=progress_rows, now=now).consume()
             entity_rows = [row for row in params.entities if row["episode_id"] in created]
             relationship_rows = [row for row in params.relationships if row["episode_id"] in created]
             n_entities = self._counts(tx, cypher.SAVE_ENTITIES, entity_rows, now)
@@ -248,6 +268,7 @@ class Neo4jGraphStore:
                     created=True,
                     entities=n_entities.get(episode_id, 0),
                     relationships=n_relationships.get(episode_id, 0),
+                    outcome="created",
                 )
             return results
 
@@ -295,11 +316,28 @@ class Neo4jGraphStore:
         _save_chunks(tx, [c for c in chunks if c["episode_id"] in done])
         return len(done)
 
-    def session_progress(self, user_id: str, key: str) -> tuple[int, str] | None:
-        """(messages extracted, digest of them) for a session, or None when nothing was extracted yet."""
-        with translated("session_progress"), self._read_session() as session:
-            row = session.run(cypher.GET_PROGRESS, key=key, user_id=user_id).single(strict=False)
-        return None if row is None else (int(row["extracted"]), str(row["digest"]))
+    def write_state(self, user_id: str, key: str, episode_id: str) -> WriteState:
+        """What the extract stage checks before it calls the model (one read): the session's line, the
+        user's last erasure, and an episode already stored under this id."""
+        params = {"key": key, "user_id": user_id, "tag": user_tag(user_id), "episode_id": episode_id}
+        with translated("write_state"), self._read_session() as session:
+            row = session.run(cypher.WRITE_STATE, params).single(strict=True)
+        line = None
+        if row["extracted"] is not None:
+            hashes = row["hashes"]
+            line = StoredLine(int(row["extracted"]), str(row["digest"]), None if hashes is None else tuple(hashes))
+        return WriteState(
+            line=line,
+            erased_at=float(row["erased_at"]),
+            episode_user=row["episode_user"],
+            episode_digest=row["episode_digest"],
+        )
+
+    def mark_erased(self, user_id: str, at: float) -> None:
+        """Record that the user was erased at `at` (epoch seconds): from now on, persist transactions drop
+        the user's work accepted before it. Kept under the user's tag (a hash), not the id."""
+        with translated("mark_erased"), self._session() as session:
+            session.execute_write(lambda tx: tx.run(cypher.MARK_ERASED, tag=user_tag(user_id), at=at).consume())
 
     # --- read --------------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from worker.models import (
@@ -15,6 +15,7 @@ from worker.models import (
     SessionProgress,
     StoreStats,
 )
+from worker.sessions import WriteState
 from worker.timeframe import Period
 
 
@@ -25,13 +26,17 @@ class GraphStore(Protocol):
     def save_episodes(
         self,
         writes: Sequence[tuple[EpisodeRecord, Sequence[Entity], Sequence[Relationship]]],
-        progress: Sequence[SessionProgress] = (),
+        progress: Mapping[str, SessionProgress] | None = None,
     ) -> list[SaveResult]:
-        """Persist episodes with their entities, relationships and session progress in one transaction.
-        Idempotent: an episode already stored is left as it is."""
+        """Persist episodes with their entities, relationships and session lines in one transaction.
+        Idempotent: an episode already stored is left as it is. Each result's outcome says why an
+        episode was not written (erased user, session already holding it or moved, id conflict)."""
 
-    def session_progress(self, user_id: str, key: str) -> tuple[int, str] | None:
-        """(messages extracted, digest of them) for a session, or None."""
+    def write_state(self, user_id: str, key: str, episode_id: str) -> WriteState:
+        """The session's line, the user's last erasure and an episode stored under this id (one read)."""
+
+    def mark_erased(self, user_id: str, at: float) -> None:
+        """Record an erasure: work for the user accepted before `at` is never written."""
 
     def search(
         self,

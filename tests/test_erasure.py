@@ -1,0 +1,52 @@
+"""Forgotten means gone: work accepted before an erasure never writes after it (issue 11, defect 3)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from api_stub.client import MemoryClient
+from tests.ingest_helpers import graph_facts
+from tests.services import RedisClient
+from tests.workers import WorkerProcess
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.models import Limits, build_episode
+from worker.pipeline import episode_payload, extract_stage, persist_stage
+from worker.settings import Settings
+
+SAID = [{"role": "user", "content": "My brother Tomas moved to Vilnius last spring."}]
+
+
+def test_an_episode_queued_before_forget_user_is_not_written_after_it(
+    clean_redis: RedisClient,
+    workers: Callable[..., WorkerProcess],
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    new_user: Callable[[str], str],
+) -> None:
+    user = new_user("erase")
+    queued = client.add_episode(user, "s1", SAID)  # no worker yet: it waits in the queue
+    report = client.forget_user(user)
+    assert report.episodes == 0
+    workers()
+    assert client.wait([queued], 60)[0].state == "forgotten"
+    assert graph_facts(store, user)["episodes"] == 0
+    # What the user says after the erasure is remembered as usual.
+    later = client.add_episode(user, "s1", SAID)
+    assert client.wait([later], 60)[0].state == "persisted"
+    assert graph_facts(store, user)["episodes"] == 1
+
+
+def test_an_extraction_made_before_the_erasure_is_dropped_by_the_persist_transaction(
+    settings: Settings, client: MemoryClient, store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("erase-late")
+    payload = episode_payload(build_episode(user, "s1", SAID, limits=Limits()))
+    extraction = extract_stage(payload, settings=settings, store=store, llm=None)
+    assert extraction["status"] == "extracted"
+    client.forget_user(user)  # between the two stages: the extraction is already on its way to persist
+    assert persist_stage(extraction, store=store)["status"] == "forgotten"
+    assert extract_stage(payload, settings=settings, store=store, llm=None)["status"] == "forgotten"
+    facts = graph_facts(store, user)
+    assert (facts["episodes"], facts["names"]) == (0, [])
+    with store._session() as s:  # no session line either: nothing of the user is left behind
+        assert s.run("MATCH (p:SessionProgress {user_id: $u}) RETURN count(p)", u=user).single(strict=True)[0] == 0

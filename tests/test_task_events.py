@@ -1,0 +1,76 @@
+"""Task events (what Flower shows and may keep on disk) carry ids and timings, never what was said."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+
+from api_stub.client import MemoryClient
+from tests.llm_standin import Reply, StandIn, answer
+from tests.services import RedisClient
+from tests.workers import WorkerProcess
+from worker.settings import Settings
+
+SAID = "My cousin Kilimanjaro-Q7 keeps bees behind the old mill"
+EXTRACTED = "Zanzibar-R2 keeps bees"
+
+
+class EventLog:
+    """Every event the broker fans out while the test runs, captured by a real event receiver."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._app = Celery("event-listener", broker=settings.redis_url, set_as_current=False)
+        self._ready = threading.Event()
+        self._receiver: Any = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with self._app.connection() as connection:
+            self._receiver = self._app.events.Receiver(connection, handlers={"*": self.events.append})
+            self._ready.set()
+            self._receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    def __enter__(self) -> EventLog:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._receiver.should_stop = True
+        self._thread.join(5)
+
+
+def test_no_message_or_extraction_text_in_any_event_of_a_run_with_a_retry(
+    settings: Settings,
+    clean_redis: RedisClient,
+    client: MemoryClient,
+    new_user: Callable[[str], str],
+    standin: StandIn,
+    workers: Callable[..., WorkerProcess],
+) -> None:
+    standin.push(
+        Reply(status=500, content="upstream hiccup"),  # transient: the extract task is retried
+        answer({"summary": EXTRACTED, "entities": [{"name": "Zanzibar-R2", "type": "person"}]}),
+    )
+    env = {"MEMORY_LLM_MODEL": "openai/stand-in", "MEMORY_LLM_API_BASE": standin.url, "MEMORY_LLM_API_KEY": "sk-x"}
+    workers(**env, MEMORY_RETRY_BACKOFF_BASE_S="0.2")
+    with EventLog(settings) as log:
+        receipt = client.add_episode(new_user("events"), "s1", [{"role": "user", "content": SAID}])
+        [state] = client.wait([receipt], timeout_s=60)
+        assert state.state == "persisted"
+        assert standin.calls == 2
+        deadline = time.monotonic() + 10  # the persist task's own success event follows its result
+        while sum(e["type"] == "task-succeeded" for e in log.events) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    kinds = {e["type"] for e in log.events}
+    assert {"task-received", "task-retried", "task-succeeded"} <= kinds, kinds
+    assert sum(1 for e in log.events if e["type"] == "task-received") >= 3  # extract, its retry, persist
+    dumped = json.dumps(log.events, default=str)
+    for secret in ("Kilimanjaro", "Zanzibar", "bees", "mill"):
+        assert secret not in dumped, secret
