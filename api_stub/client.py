@@ -235,20 +235,23 @@ class MemoryClient:
         from api_stub.recall import check_user_id
         from worker.deadletter import DeadLetterStore
         from worker.identity import user_tag
-        from worker.keys import keywords_cache_pattern
+        from worker.keys import ERASURE_KEY_TTL_S, erasure_key, keywords_cache_pattern
 
         user_id = check_user_id(user_id)
         recall = self._recall()
         started = time.perf_counter()
         # First the mark: from its commit on, work accepted before now (queued, retrying, running) is
         # dropped by both stages and by the persist transaction; then what is stored goes.
-        recall.store.mark_erased(user_id, time.time())
+        erased_at = time.time()
+        recall.store.mark_erased(user_id, erased_at)
+        self._redis.set(erasure_key(user_tag(user_id)), repr(erased_at), ex=ERASURE_KEY_TTL_S)
         graph = recall.store.delete_user(user_id)
         dead_letters = DeadLetterStore(self._redis).purge_user(user_id)
         self._in_flight().purge_user(user_id)
         cached = 0
         for key in self._redis.scan_iter(keywords_cache_pattern(user_tag(user_id)), count=500):
             cached += int(self._redis.delete(key))
+        recall.store.erasure_done(user_id)
         report = ForgetReport(
             user_id=user_id,
             episodes=graph.episodes,

@@ -16,7 +16,9 @@ from tasks.policy import retry_delay_s
 from worker import keys
 from worker.celery_app import args_repr
 from worker.deadletter import Stage
+from worker.identity import user_tag
 from worker.runtime import Runtime, runtime
+from worker.sessions import erased_since
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,11 @@ class StageTask(Task):  # type: ignore[misc]
     ) -> dict[str, Any]:
         episode_id = _episode_id(payload)
         user_id = payload.get("user_id") or (payload.get("episode") or {}).get("user_id", "")
+        if _erased_after_acceptance(rt, payload, user_id):  # no dead letter keeps an erased user's text
+            rt.redis.delete(delivery_key)
+            rt.inflight.done(episode_id)
+            log.warning("erased user's episode dropped", extra={"stage": self.stage, "episode_id": episode_id})
+            return {"episode_id": episode_id, "user_id": user_id, "status": "forgotten"}
         rt.dead_letters.add(
             stage=self.stage,
             task_name=self.name,
@@ -109,3 +116,9 @@ class StageTask(Task):  # type: ignore[misc]
             extra={"stage": self.stage, "episode_id": episode_id, "error_class": error_class},
         )
         return {"episode_id": episode_id, "user_id": user_id, "status": "dead_lettered"}
+
+
+def _erased_after_acceptance(rt: Runtime, payload: dict[str, Any], user_id: str) -> bool:
+    raw = rt.redis.get(keys.erasure_key(user_tag(user_id))) if user_id else None
+    accepted = payload.get("accepted_at", (payload.get("record") or {}).get("accepted_at"))
+    return raw is not None and erased_since(accepted, float(raw))

@@ -6,8 +6,10 @@ from typing import Any
 
 from tasks.base import StageTask
 from worker.celery_app import EXTRACT_TASK, PERSIST_TASK, app
+from worker.models import Episode
 from worker.pipeline import extract_stage, persist_stage
 from worker.runtime import Runtime
+from worker.sessions import messages_digest
 
 
 class ExtractTask(StageTask):
@@ -34,9 +36,19 @@ def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
         if payload.get("status") == "extracted":  # upstream outcomes (unchanged, dead-lettered) pass through
             rt.ensure_schema()
 
-        def extract_again() -> dict[str, Any] | None:
-            episode = rt.inflight.payload(payload["episode_id"])
-            return None if episode is None else extract_stage(episode, settings=rt.settings, store=rt.store, llm=rt.llm)
+        def extract_again(source_digest: str) -> dict[str, Any] | None:
+            """The same send extracted again against the session's line as it is now (from its in-flight
+            record; None if it is gone or another send of the same id replaced it)."""
+            accepted = rt.inflight.payload(payload["episode_id"])
+            if (
+                accepted is None
+                or messages_digest(Episode.model_validate(accepted["episode"]).messages) != source_digest
+            ):
+                return None
+            fresh = extract_stage(accepted, settings=rt.settings, store=rt.store, llm=rt.llm)
+            if fresh["status"] == "extracted":
+                rt.stats.extracted(fresh["record"])  # its model calls and cost count like any extraction
+            return fresh
 
         outcome = persist_stage(payload, store=rt.store, extract_again=extract_again)
         if outcome["status"] == "persisted" and outcome["created"]:

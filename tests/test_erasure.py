@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from api_stub.client import MemoryClient
 from tests.ingest_helpers import graph_facts
+from tests.llm_standin import Reply, StandIn
 from tests.services import RedisClient
 from tests.workers import WorkerProcess
+from worker.deadletter import DeadLetterStore
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.models import Limits, build_episode
 from worker.pipeline import episode_payload, extract_stage, persist_stage
@@ -50,3 +53,27 @@ def test_an_extraction_made_before_the_erasure_is_dropped_by_the_persist_transac
     assert (facts["episodes"], facts["names"]) == (0, [])
     with store._session() as s:  # no session line either: nothing of the user is left behind
         assert s.run("MATCH (p:SessionProgress {user_id: $u}) RETURN count(p)", u=user).single(strict=True)[0] == 0
+
+
+def test_a_stage_failing_for_good_after_the_erasure_keeps_no_dead_letter(
+    clean_redis: RedisClient,
+    workers: Callable[..., WorkerProcess],
+    client: MemoryClient,
+    standin: StandIn,
+    new_user: Callable[[str], str],
+) -> None:
+    started = threading.Event()
+
+    def slow_refusal(_request: dict[str, object]) -> Reply:
+        started.set()
+        return Reply(status=401, content="bad key", delay_s=3.0)  # permanent: would be dead-lettered
+
+    standin.default = slow_refusal
+    workers(MEMORY_LLM_MODEL="openai/stand-in", MEMORY_LLM_API_BASE=standin.url, MEMORY_LLM_API_KEY="sk-x")
+    user = new_user("erase-dlq")
+    receipt = client.add_episode(user, "s1", SAID)
+    assert started.wait(30)
+    client.forget_user(user)  # while the model call is under way
+    assert client.wait([receipt], 60)[0].state == "forgotten"
+    assert DeadLetterStore(clean_redis).count() == 0
+    assert not list(clean_redis.scan_iter("memory:dlq:*"))

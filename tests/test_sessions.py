@@ -117,10 +117,32 @@ def test_two_sends_extracted_at_once_shorter_first_then_the_longer_is_extracted_
     episode = build_episode(user, "chat", history(6), limits=Limits())
     again: list[dict[str, Any]] = []
 
-    def extract_again() -> dict[str, Any]:
+    def extract_again(source_digest: str) -> dict[str, Any]:
         again.append(extract_stage(episode_payload(episode), settings=settings, store=store, llm=None))
         return again[-1]
 
     assert persist_stage(long, store=store, extract_again=extract_again)["status"] == "persisted"
     assert len(again) == 1 and again[0]["record"]["message_count"] == 2  # only what the line lacked
     assert episode_sizes(store, user) == [4, 2] and mentions(store, user, "Anna") == 1
+
+
+def test_an_id_reused_by_two_sends_extracted_at_once_is_refused_by_the_persist_transaction(
+    settings: Settings, store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("reuse-race")
+    sends = [build_episode(user, "chat", history(n), episode_id=f"c1-{user}", limits=Limits()) for n in (4, 6)]
+    first, second = (extract_stage(episode_payload(e), settings=settings, store=store, llm=None) for e in sends)
+    assert first["status"] == second["status"] == "extracted"  # both planned before either was stored
+    assert persist_stage(first, store=store)["status"] == "persisted"
+    # The line moved (first send), the send is not at hand to plan again: saved as it is, and the claim
+    # finds the id stored with other content.
+    assert persist_stage(second, store=store)["status"] == "conflict"
+    assert episode_sizes(store, user) == [4] and mentions(store, user, "Tokyo") == 0
+
+
+def test_work_without_an_acceptance_time_is_dropped_only_after_an_erasure() -> None:
+    from worker.sessions import erased_since
+
+    assert not erased_since(None, 0.0)  # never erased: a payload from before acceptance times is kept
+    assert erased_since(None, 5.0)  # erased since: any erasure mark is later than such a payload
+    assert erased_since(5.0, 5.0) and not erased_since(5.5, 5.0)

@@ -52,4 +52,12 @@ def keywords_cache_pattern(user_tag: str) -> str:
     return f"{PREFIX}:kw:{user_tag}:*"
 
 
+def erasure_key(user_tag: str) -> str:
+    """When the user was last erased (epoch seconds): the dead-letter path checks it, since a stage that
+    fails for good after an erasure must not keep the user's text in a dead letter."""
+    return f"{PREFIX}:erased:{user_tag}"
+
+
+ERASURE_KEY_TTL_S = 7 * 86_400  # longer than any message lives (retries within the visibility timeout)
+
 STATS = f"{PREFIX}:stats"  # hash of counters shared by every worker process (see worker/stats.py)

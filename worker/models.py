@@ -193,6 +193,7 @@ class SessionProgress(_Frozen):
     digest: str
     hashes: tuple[str, ...] = ()
     start: int = Field(0, ge=0)
+    erased_at: float = 0.0  # the user's last erasure when the extraction was planned (a later one: plan again)
 
 
 SaveOutcome = Literal["created", "exists", "forgotten", "unchanged", "conflict", "moved"]

@@ -6,6 +6,7 @@ persist: that payload → one Neo4j transaction, together with the session's ext
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,8 +19,17 @@ from worker.graph.params import window_texts
 from worker.llm.client import LLMClient
 from worker.llm.embeddings import Embedder, pack
 from worker.models import Entity, Episode, EpisodeRecord, Message, Relationship, SessionProgress
-from worker.sessions import StoredLine, extracted_prefix, message_hashes, messages_digest, progress_key
+from worker.sessions import (
+    StoredLine,
+    erased_since,
+    extracted_prefix,
+    message_hashes,
+    messages_digest,
+    progress_key,
+)
 from worker.settings import Settings
+
+log = logging.getLogger(__name__)
 
 PAYLOAD_VERSION = 1
 REPLANS = 3  # extractions again in one persist when the session's line keeps moving (then: retry later)
@@ -32,7 +42,7 @@ class Plan:
     progress: SessionProgress
 
 
-def plan(episode: Episode, line: StoredLine | None, context_size: int) -> Plan | None:
+def plan(episode: Episode, line: StoredLine | None, context_size: int, erased_at: float = 0.0) -> Plan | None:
     """Which messages to extract: those after the longest prefix the session already extracted. None when
     the session holds every message of this send (the same history sent again, or a shorter one)."""
     messages = list(episode.messages)
@@ -48,6 +58,7 @@ def plan(episode: Episode, line: StoredLine | None, context_size: int) -> Plan |
         digest=messages_digest(messages),
         hashes=hashes,
         start=start,
+        erased_at=erased_at,
     )
     return Plan(messages[start:], messages[max(0, start - context_size) : start], progress)
 
@@ -85,13 +96,13 @@ def extract_stage(
     accepted_at = payload.get("accepted_at")
     digest = messages_digest(episode.messages)
     state = store.write_state(episode.user_id, progress_key(episode.user_id, episode.session_id), episode.id)
-    if accepted_at is not None and accepted_at <= state.erased_at:
+    if erased_since(accepted_at, state.erased_at):
         return {**base, "status": "forgotten"}  # the user was erased after this was accepted: no model call
     if state.episode_digest and state.episode_user == episode.user_id:
         if state.episode_digest != digest:
             return {**base, "status": "conflict"}  # this id is stored with other content
         return {**base, "status": "unchanged"}  # this very send is stored already (sent again, redelivered)
-    todo = plan(episode, state.line, settings.extract_context_messages)
+    todo = plan(episode, state.line, settings.extract_context_messages, state.erased_at)
     if todo is None:
         return {**base, "status": "unchanged"}
     extraction = extract(todo.new, settings=settings, llm=llm, context=todo.context, episode_id=episode.id)
@@ -138,27 +149,33 @@ def persist_stage(
     payload: dict[str, Any],
     *,
     store: Neo4jGraphStore,
-    extract_again: Callable[[], dict[str, Any] | None] | None = None,
+    extract_again: Callable[[str], dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """Save an extraction. When the session's line moved since it was planned (another send of the session
-    persisted in between), extract_again gives a fresh extraction (from the accepted episode) and that is
-    saved instead: a message is never extracted into the graph twice."""
+    persisted in between), extract_again(source digest) gives a fresh extraction of that very send (from the
+    accepted episode) and that is saved instead, so a message is not extracted into the graph twice. When the send
+    is no longer at hand (a replayed dead letter), the extraction is saved as it is, leaving the line: a
+    message counted twice rather than messages lost."""
     base = {"episode_id": payload["episode_id"], "user_id": payload["user_id"]}
+    check_line = True
     for _ in range(REPLANS + 1):
         if payload.get("status") != "extracted":  # unchanged, forgotten, conflict, dead-lettered upstream
             return {**base, "status": payload.get("status", "unchanged"), "created": False}
+        record = EpisodeRecord.model_validate(payload["record"])
         result = store.save_episode(
-            EpisodeRecord.model_validate(payload["record"]),
+            record,
             [Entity.model_validate(e) for e in payload["entities"]],
             [Relationship.model_validate(r) for r in payload["relationships"]],
-            SessionProgress.model_validate(payload["progress"]),
+            SessionProgress.model_validate(payload["progress"]) if check_line else None,
         )
         if result.outcome == "conflict":
             return {**base, "status": "conflict", "created": False}
         if result.outcome != "moved":
             return {**base, "status": _STATUS[result.outcome], "created": result.created}
-        fresh = extract_again() if extract_again is not None else None
-        if fresh is None:
-            raise SessionMovedError("the session moved since this extraction and its episode is not at hand")
+        fresh = extract_again(record.source_digest) if extract_again is not None and record.source_digest else None
+        if fresh is None:  # the send is no longer in flight (or another send took its id)
+            log.warning("session moved; saved without planning again", extra={"episode_id": record.id})
+            check_line = False
+            continue
         payload = fresh
     raise SessionMovedError(f"the session kept moving; extracted {REPLANS + 1} times")

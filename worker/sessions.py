@@ -60,6 +60,12 @@ class WriteState:
     episode_digest: str | None  # its source digest (None: no such episode, or stored before digests)
 
 
+def erased_since(accepted_at: float | None, erased_at: float) -> bool:
+    """Was the user erased after this work was accepted? Work without an acceptance time comes from before
+    erasure marks existed, so any mark is later than it."""
+    return erased_at > 0 and (accepted_at or 0.0) <= erased_at
+
+
 def common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):

@@ -28,6 +28,7 @@ from api_stub.client import MemoryClient
 from api_stub.recall import Recall
 from tests.benchmarks.bm25 import reference_scores
 from tests.benchmarks.common import latency_ms, write_results
+from tests.benchmarks.relevance_ablation import relevance_ablation
 from tests.locomo import Conversation, dataset_dir, load_conversations, score, session_id
 from tests.servers import embedding_env, embedding_server
 from tests.services import load_services_env
@@ -171,12 +172,24 @@ def main() -> None:
     }
     results["retrieve_memory"] = run(conversations, settings, ABLATION)
     results["retrieve_memory_with_embeddings"] = run(conversations, settings, EMBEDDING_ABLATION, embeddings=True)
+    results["relevance_set"] = relevance_ablation(settings, {**ABLATION, **EMBEDDING_ABLATION})
+    relevance = results["relevance_set"]
     results["full_at_least_every_ablation"] = {
         "default": _at_least_every(results["retrieve_memory"], "full (default weights)", ABLATION),
         "with embeddings": _at_least_every(
             results["retrieve_memory_with_embeddings"],
             "text + time + entities 0.05 + embeddings (default with a model)",
             EMBEDDING_ABLATION,
+        ),
+        "relevance set, default": all(
+            relevance["full (default weights)"][m] >= relevance[k][m]
+            for k in ABLATION
+            for m in ("recall_at_5", "paraphrases_recall_at_5")
+        ),
+        "relevance set, with embeddings": all(
+            relevance["text + time + entities 0.05 + embeddings (default with a model)"][m] >= relevance[k][m]
+            for k in EMBEDDING_ABLATION
+            for m in ("recall_at_5", "paraphrases_recall_at_5")
         ),
     }
     results["targets"] = {

@@ -59,19 +59,24 @@ UNWIND $tags AS tag
 MERGE (u:UserMark {user_tag: tag})
 ON CREATE SET u.erased_at = 0.0
 SET u.locked_at = $now
-RETURN tag, u.erased_at AS erased_at
+RETURN tag, u.erased_at AS erased_at, coalesce(u.erasing_until, 0.0) AS erasing_until
 """
 
+# erasing_until: while the erasure's delete batches run (each its own transaction), persists of the user
+# wait (a transient error), so nothing accepted after the mark is half-deleted by a later batch.
 MARK_ERASED = """
 MERGE (u:UserMark {user_tag: $tag})
-SET u.erased_at = CASE WHEN coalesce(u.erased_at, 0.0) > $at THEN u.erased_at ELSE $at END
+SET u.erased_at = CASE WHEN coalesce(u.erased_at, 0.0) > $at THEN u.erased_at ELSE $at END,
+    u.erasing_until = $until
 """
+
+ERASURE_DONE = "MATCH (u:UserMark {user_tag: $tag}) REMOVE u.erasing_until"
 
 # The sessions' lines, locked for the rest of the persist transaction (see worker/sessions.py).
 LOCK_PROGRESS = """
 UNWIND $rows AS row
 MERGE (p:SessionProgress {key: row.key})
-ON CREATE SET p.user_id = row.user_id, p.session_id = row.session_id, p.extracted = 0, p.digest = '', p.hashes = []
+ON CREATE SET p.user_id = row.user_id, p.session_id = row.session_id, p.extracted = 0, p.digest = ''
 SET p.locked_at = $now
 RETURN row.key AS key, p.extracted AS extracted, p.digest AS digest, p.hashes AS hashes
 """
@@ -128,8 +133,12 @@ SAVE_PROGRESS = """
 UNWIND $rows AS row
 MERGE (p:SessionProgress {key: row.key})
 ON CREATE SET p.user_id = row.user_id, p.session_id = row.session_id
-SET p.extracted = row.extracted, p.digest = row.digest, p.updated_at = $now,
-    p.hashes = CASE WHEN size(row.hashes) = 0 THEN null ELSE row.hashes END  // none: a payload from before lines
+// a row without hashes comes from a payload of before lines: it never replaces a line or a longer count
+WITH p, row, size(row.hashes) = 0 AND (p.hashes IS NOT NULL OR p.extracted >= row.extracted) AS stale
+SET p.extracted = CASE WHEN stale THEN p.extracted ELSE row.extracted END,
+    p.digest = CASE WHEN stale THEN p.digest ELSE row.digest END,
+    p.hashes = CASE WHEN stale THEN p.hashes WHEN size(row.hashes) = 0 THEN null ELSE row.hashes END,
+    p.updated_at = $now
 """
 
 # What the extract stage needs before it calls the model: the session's line, when the user was last

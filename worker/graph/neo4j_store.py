@@ -245,15 +245,17 @@ class Neo4jGraphStore:
             for c in claims:
                 if c["id"] in created:
                     continue
+                # A send of this version with an id stored by an earlier one (no digest) is a reused id too: the
+                # same send would have been found unchanged before. A payload without a digest: a redelivery.
                 stored, sent = c["source_digest"], sources[c["id"]]
-                conflict = bool(stored and sent and stored != sent)  # unknown on either side: a redelivery
+                conflict = bool(sent) and stored != sent
                 results[c["id"]] = SaveResult(
                     episode_id=c["id"], created=False, outcome="conflict" if conflict else "exists"
                 )
             if not created:
                 return results
             # Only a send written now moves its session's line (a redelivered one was counted when written).
-            progress_rows = [lines[i].model_dump(exclude={"start"}) for i in sorted(lines) if i in created]
+            progress_rows = [lines[i].model_dump(exclude={"start", "erased_at"}) for i in sorted(lines) if i in created]
             if progress_rows:
                 tx.run(cypher.SAVE_PROGRESS, rows=progress_rows, now=now).consume()
             entity_rows = [row for row in params.entities if row["episode_id"] in created]
@@ -333,11 +335,19 @@ class Neo4jGraphStore:
             episode_digest=row["episode_digest"],
         )
 
-    def mark_erased(self, user_id: str, at: float) -> None:
+    def mark_erased(self, user_id: str, at: float, erasing_for_s: float = 600.0) -> None:
         """Record that the user was erased at `at` (epoch seconds): from now on, persist transactions drop
-        the user's work accepted before it. Kept under the user's tag (a hash), not the id."""
+        the user's work accepted before it, and wait while the erasure runs (until erasure_done, or for
+        erasing_for_s if the eraser died). Kept under the user's tag (a hash), not the id."""
+        tag = user_tag(user_id)
         with translated("mark_erased"), self._session() as session:
-            session.execute_write(lambda tx: tx.run(cypher.MARK_ERASED, tag=user_tag(user_id), at=at).consume())
+            session.execute_write(
+                lambda tx: tx.run(cypher.MARK_ERASED, tag=tag, at=at, until=time.time() + erasing_for_s).consume()
+            )
+
+    def erasure_done(self, user_id: str) -> None:
+        with translated("erasure_done"), self._session() as session:
+            session.execute_write(lambda tx: tx.run(cypher.ERASURE_DONE, tag=user_tag(user_id)).consume())
 
     # --- read --------------------------------------------------------------------------------------
 

@@ -16,11 +16,12 @@ from typing import Any
 
 from neo4j import ManagedTransaction
 
+from worker.errors import StoreUnavailable
 from worker.graph import cypher
 from worker.graph.params import EpisodeWrite
 from worker.identity import user_tag
 from worker.models import SaveOutcome, SessionProgress
-from worker.sessions import StoredLine, decide
+from worker.sessions import StoredLine, decide, erased_since
 
 
 def check_writes(
@@ -30,11 +31,14 @@ def check_writes(
     line its send leaves. Locks are taken in a fixed order (user tags, then progress keys, sorted)."""
     now = time.time()
     tags = sorted({user_tag(record.user_id) for record, _, _ in writes})
-    erased = {row["tag"]: float(row["erased_at"]) for row in tx.run(cypher.LOCK_USERS, tags=tags, now=now)}
+    erased: dict[str, float] = {}
+    for row in tx.run(cypher.LOCK_USERS, tags=tags, now=now):
+        if float(row["erasing_until"]) > now:
+            raise StoreUnavailable("an erasure of this user is running; the episode is persisted after it")
+        erased[row["tag"]] = float(row["erased_at"])
     refused: dict[str, SaveOutcome] = {}
     for record, _, _ in writes:
-        accepted = record.accepted_at
-        if accepted is not None and accepted <= erased.get(user_tag(record.user_id), 0.0):
+        if erased_since(record.accepted_at, erased.get(user_tag(record.user_id), 0.0)):
             refused[record.id] = "forgotten"
     rows = sorted(
         {p.key: p for episode_id, p in progress.items() if episode_id not in refused}.values(), key=lambda p: p.key
@@ -51,6 +55,8 @@ def check_writes(
         if episode_id in refused:
             continue
         decision = decide(lines.get(p.key), p.start, p.hashes)
+        if p.erased_at < erased.get(user_tag(p.user_id), 0.0):
+            decision = "moved"  # planned on a line an erasure has deleted since: plan again
         if decision != "save":
             refused[episode_id] = decision
         else:  # a later send of the same session in this batch is checked against this one's line
