@@ -14,14 +14,14 @@ from neo4j import READ_ACCESS, Driver, GraphDatabase, ManagedTransaction, Query,
 from neo4j.exceptions import ClientError
 from pydantic import ValidationError
 
-from worker.errors import StoreRequestError
 from worker.graph import cypher
+from worker.graph.candidates import CANDIDATES, candidate_params, candidates_statement, search_terms
 from worker.graph.errors import translated
 from worker.graph.fusion import FusionWeights, Ranked, fuse
 from worker.graph.lucene import build_query, terms_query
-from worker.graph.params import EpisodeWrite, build_save_params, reindex_rows
+from worker.graph.params import EpisodeWrite, reindex_rows
 from worker.graph.passage import snippet
-from worker.graph.write_checks import check_writes
+from worker.graph.save_tx import save_chunks, save_transaction
 from worker.identity import user_tag
 from worker.models import (
     DeleteReport,
@@ -38,13 +38,11 @@ from worker.models import (
 )
 from worker.sessions import StoredLine, WriteState
 from worker.settings import Settings
-from worker.terms import terms
 from worker.timeframe import Period
 
 log = logging.getLogger(__name__)
 
 MAX_WINDOW_CHARS = 4_000  # of a best window read back to cut its passage from (messages can be 20k long)
-CANDIDATES = 100  # per candidate list, whatever the limit: a ranking must not depend on how many are asked
 
 _SCHEMA_RACE_CODES = ("EquivalentSchemaRuleAlreadyExists", "IndexAlreadyExists", "ConstraintAlreadyExists")
 
@@ -53,52 +51,6 @@ def _native(value: Any) -> Any:
     """neo4j.time values → datetime; everything else unchanged."""
     to_native = getattr(value, "to_native", None)
     return to_native() if callable(to_native) else value
-
-
-def _save_chunks(tx: ManagedTransaction, rows: list[dict[str, Any]]) -> None:
-    """Search windows, then the embeddings of those that have one."""
-    if not rows:
-        return
-    tx.run(cypher.SAVE_CHUNKS, rows=rows).consume()
-    vectors = [r for r in rows if r.get("embedding")]
-    if vectors:
-        tx.run(cypher.SET_CHUNK_VECTORS, rows=vectors).consume()
-
-
-def search_terms(keywords: Sequence[str], text: str) -> list[str]:
-    """What recall searches for: the terms of the query text, then those of the keywords."""
-    return terms(text) + [t for k in keywords for t in terms(k)]
-
-
-def _candidate_params(
-    *,
-    terms_lucene: str | None,
-    entity_lucene: str | None,
-    period: Period | None,
-    vector: Sequence[float] | None,
-    user_id: str,
-) -> dict[str, Any]:
-    """The candidate read's parameters: a None list is one the read leaves out."""
-    return {
-        "terms": terms_lucene,
-        "entity_query": entity_lucene,
-        "period_from": period.start if period else None,
-        "period_to": period.end if period else None,
-        "vector": list(vector) if vector is not None else None,
-        "k": CANDIDATES,
-        "k_entities": CANDIDATES,
-        "k_mentions": CANDIDATES * 4,
-        "user_id": user_id,
-    }
-
-
-def _candidates_statement(params: dict[str, Any]) -> str:
-    return cypher.candidates_query(
-        text=params["terms"] is not None,
-        period=params["period_from"] is not None,
-        entities=params["entity_query"] is not None,
-        dense=params["vector"] is not None,
-    )
 
 
 class Neo4jGraphStore:
@@ -175,14 +127,14 @@ class Neo4jGraphStore:
         with translated("warm_recall_plans"), self._read_session() as session:
             for period in (None, Period(noon, noon, "")):
                 # the same parameters, and so the same cached plan, as a real search (types included)
-                params = _candidate_params(
+                params = candidate_params(
                     terms_lucene="+user_tag:none +(none)" if w.text else None,
                     entity_lucene="+user_tag:none +(none)" if w.entities > 0 else None,
                     period=period if w.period > 0 else None,
                     vector=[0.0] * 384 if w.dense > 0 else None,  # the size bucket of common models' vectors
                     user_id="",
                 )
-                session.run(_candidates_statement(params), params).consume()
+                session.run(candidates_statement(params), params).consume()
             # Plans are cached per parameter types, and for lists per size bucket (0, 1, 2–10, 11–100).
             for hits, names in itertools.product((1, 5, 20), (0, 1, 5)):
                 session.run(
@@ -226,65 +178,13 @@ class Neo4jGraphStore:
             first.setdefault(write[0].id, write)  # the same episode twice in one batch is saved once
         token = uuid.uuid4().hex
         now = datetime.now(UTC)
-        owners = {episode_id: write[0].user_id for episode_id, write in first.items()}
         lines = {k: v for k, v in (progress or {}).items() if k in first}
 
-        def work(tx: ManagedTransaction) -> dict[str, SaveResult]:
-            refused = check_writes(tx, list(first.values()), lines)
-            results = {i: SaveResult(episode_id=i, created=False, outcome=why) for i, why in refused.items()}
-            todo = [write for i, write in first.items() if i not in refused]
-            if not todo:
-                return results
-            params = build_save_params(todo)
-            claims = list(tx.run(cypher.CLAIM_EPISODES, episodes=params.episodes, token=token))
-            foreign = [c["id"] for c in claims if c["user_id"] != owners[c["id"]]]
-            if foreign:
-                raise StoreRequestError(f"episode {foreign[0]} already belongs to another user")
-            created = {c["id"] for c in claims if c["created"]}
-            sources = {w[0].id: w[0].source_digest for w in todo}
-            for c in claims:
-                if c["id"] in created:
-                    continue
-                # A send of this version with an id stored by an earlier one (no digest) is a reused id too: the
-                # same send would have been found unchanged before. A payload without a digest: a redelivery.
-                stored, sent = c["source_digest"], sources[c["id"]]
-                conflict = bool(sent) and stored != sent
-                results[c["id"]] = SaveResult(
-                    episode_id=c["id"], created=False, outcome="conflict" if conflict else "exists"
-                )
-            if not created:
-                return results
-            # Only a send written now moves its session's line (a redelivered one was counted when written).
-            progress_rows = [lines[i].model_dump(exclude={"start", "erased_at"}) for i in sorted(lines) if i in created]
-            if progress_rows:
-                tx.run(cypher.SAVE_PROGRESS, rows=progress_rows, now=now).consume()
-            entity_rows = [row for row in params.entities if row["episode_id"] in created]
-            relationship_rows = [row for row in params.relationships if row["episode_id"] in created]
-            n_entities = self._counts(tx, cypher.SAVE_ENTITIES, entity_rows, now)
-            n_relationships = self._counts(tx, cypher.SAVE_RELATIONSHIPS, relationship_rows, now)
-            _save_chunks(tx, [row for row in params.chunks if row["episode_id"] in created])
-            tx.run(cypher.RELEASE_CLAIMS, ids=sorted(created)).consume()
-            for episode_id in created:
-                results[episode_id] = SaveResult(
-                    episode_id=episode_id,
-                    created=True,
-                    entities=n_entities.get(episode_id, 0),
-                    relationships=n_relationships.get(episode_id, 0),
-                    outcome="created",
-                )
-            return results
-
         with translated("save_episodes"), self._session() as session:
-            by_id = session.execute_write(work)
+            by_id = session.execute_write(save_transaction, first, lines, token, now)
         return [
             by_id[w[0].id] if first[w[0].id] is w else SaveResult(episode_id=w[0].id, created=False) for w in writes
         ]
-
-    @staticmethod
-    def _counts(tx: ManagedTransaction, statement: str, rows: list[dict[str, Any]], now: datetime) -> dict[str, int]:
-        if not rows:
-            return {}
-        return {r["id"]: r["n"] for r in tx.run(statement, rows=rows, now=now)}
 
     def reindex(self, batch: int = 500) -> tuple[int, int]:
         """Give episodes stored before search terms existed their terms and search windows, in pages by id
@@ -315,7 +215,7 @@ class Neo4jGraphStore:
     @staticmethod
     def _set_terms(tx: ManagedTransaction, rows: list[dict[str, Any]], chunks: list[dict[str, Any]]) -> int:
         done = {r["id"] for r in tx.run(cypher.SET_TERMS, rows=rows)}  # skips what another run did meanwhile
-        _save_chunks(tx, [c for c in chunks if c["episode_id"] in done])
+        save_chunks(tx, [c for c in chunks if c["episode_id"] in done])
         return len(done)
 
     def write_state(self, user_id: str, key: str, episode_id: str) -> WriteState:
@@ -374,7 +274,7 @@ class Neo4jGraphStore:
         if terms_lucene is None and entity_lucene is None and not use_period and not use_dense:
             return MemoryContext()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        params = _candidate_params(
+        params = candidate_params(
             terms_lucene=terms_lucene,
             entity_lucene=entity_lucene,
             period=period if use_period else None,
@@ -382,7 +282,7 @@ class Neo4jGraphStore:
             user_id=user_id,
         )
         with translated("search"), self._read_session() as session:
-            row = session.run(Query(_candidates_statement(params), timeout=timeout_s), params).single(strict=True)
+            row = session.run(Query(candidates_statement(params), timeout=timeout_s), params).single(strict=True)
             ranked = fuse(
                 windows=[{"id": i, "score": sc, "seq": q} for i, sc, q in row["windows"]],
                 episodes=[{"id": i, "score": sc} for i, sc in row["episodes"]],
