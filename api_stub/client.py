@@ -162,6 +162,15 @@ class MemoryClient:
         flow = chain(extract_signature(app, payload, episode_id), persist_signature(app, episode_id))
         return str(flow.apply_async().id)
 
+    def republish(self, payload: dict[str, Any]) -> str:
+        """Publish again what an in-flight or dead-letter record holds: an episode (extract → persist) or an
+        extraction (persist alone, no LLM call); returns the final (persist) task id."""
+        if "episode" in payload:
+            return self.publish(payload)
+        from worker.celery_app import persist_signature
+
+        return str(persist_signature(self._celery(), payload["episode_id"], payload).apply_async().id)
+
     def wait(self, receipts: Sequence[EpisodeReceipt], timeout_s: float = 60.0) -> list[EpisodeState]:
         """Each episode's state once final, or 'pending' for those not final when the timeout ends."""
         app = self._celery()

@@ -42,6 +42,7 @@ def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
             accepted = rt.inflight.payload(payload["episode_id"])
             if (
                 accepted is None
+                or "episode" not in accepted  # a replayed persist: only its extraction is in flight
                 or messages_digest(Episode.model_validate(accepted["episode"]).messages) != source_digest
             ):
                 return None

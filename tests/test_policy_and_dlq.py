@@ -11,6 +11,7 @@ import pytest
 
 from tasks.policy import backoff_delay_s, is_transient, retry_delay_s
 from tests.services import ROOT, RedisClient
+from worker.cli import enqueue_letter
 from worker.deadletter import DeadLetterStore
 from worker.errors import EpisodeRejected, LLMError, SettingsError, StoreRequestError, StoreUnavailable
 from worker.identity import user_tag
@@ -95,6 +96,48 @@ def test_replay_removes_the_record_only_after_the_enqueue(clean_redis: RedisClie
     assert kept is not None and kept.replay_count == 1
     assert store.replay("extract:e1", lambda letter: "new-task") == "new-task"
     assert store.count() == 0
+
+
+def test_a_replay_that_fails_again_at_once_keeps_its_new_dead_letter(clean_redis: RedisClient) -> None:
+    store = DeadLetterStore(clean_redis)
+    add(store, "e1")
+
+    def fails_again_before_the_replay_returns(_letter: object) -> str:
+        add(store, "e1")  # what a worker does when the replayed message fails for good right away
+        return "new-task"
+
+    assert store.replay("extract:e1", fails_again_before_the_replay_returns) == "new-task"
+    again = store.get("extract:e1")
+    assert again is not None and again.attempts == 6  # the new failure is kept, not removed with the old one
+    assert store.count() == 1 and clean_redis.sismember(dlq_user(user_tag("u1")), "extract:e1")
+
+
+def test_a_replayed_persist_letter_is_in_flight_until_it_is_final(clean_redis: RedisClient) -> None:
+    from api_stub.client import MemoryClient
+    from worker.inflight import InFlight
+    from worker.keys import PERSIST_QUEUE
+
+    store = DeadLetterStore(clean_redis)
+    extraction = {"episode_id": "e9", "user_id": "u1", "status": "extracted", "record": {}, "entities": []}
+    store.add(
+        stage="persist",
+        task_name="memory.persist_episode",
+        task_id="persist:e9",
+        episode_id="e9",
+        user_id="u1",
+        payload=extraction,
+        error_class="StoreUnavailable",
+        message="neo4j unavailable",
+    )
+    client = MemoryClient(Settings.load())
+    try:
+        store.replay("persist:e9", lambda letter: enqueue_letter(client, letter))
+    finally:
+        client.close()
+    assert store.count() == 0 and clean_redis.llen(PERSIST_QUEUE) == 1  # persist alone: no LLM call
+    # Recorded in flight with its extraction, so a message the broker loses is found again by the sweep.
+    [(episode_id, payload)] = InFlight(clean_redis).overdue(-60)
+    assert episode_id == "e9" and payload == extraction
 
 
 def memctl(*args: str) -> subprocess.CompletedProcess[str]:

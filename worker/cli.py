@@ -56,7 +56,7 @@ def worker(extract_concurrency: int, persist_concurrency: int, queues: str, logl
     client = MemoryClient(settings)
 
     def sweep() -> int:
-        return int(client._in_flight().sweep(settings.silent_episode_s, client.publish))
+        return int(client._in_flight().sweep(settings.silent_episode_s, client.republish))
 
     children = [Child(q, concurrency[q], loglevel) for q in wanted]
     sys.exit(supervise(children, sweep, settings.sweep_interval_s))
@@ -137,12 +137,9 @@ def dlq_show(record_id: str) -> None:
 
 def enqueue_letter(client: Any, letter: Any) -> str:
     """Re-enqueue a dead letter at the stage that failed; returns the new final task id."""
-    from worker.celery_app import persist_signature
-
-    if letter.stage == "persist":  # the extraction result is in the record: no LLM call
-        return str(persist_signature(client._celery(), letter.episode_id, letter.payload).apply_async().id)
+    # In flight first, as add_episode does: a replayed message the broker loses is found by the sweep.
     client._in_flight().add(letter.episode_id, letter.user_id, letter.payload)
-    return str(client.publish(letter.payload))
+    return str(client.republish(letter.payload))
 
 
 @dlq.command("replay")
@@ -211,7 +208,7 @@ def sweep(silent_for_s: float | None) -> None:
 
     settings = _settings()
     client = MemoryClient(settings)
-    found = client._in_flight().sweep(silent_for_s or settings.silent_episode_s, client.publish)
+    found = client._in_flight().sweep(silent_for_s or settings.silent_episode_s, client.republish)
     click.echo(f"re-enqueued {found}")
 
 

@@ -37,6 +37,18 @@ class DeadLetter(BaseModel):
     replay_count: int = 0
 
 
+# Compare-and-delete of a dead letter (record, index entry, the user's set), atomic in Redis.
+_DELETE_IF_UNCHANGED = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  redis.call('SREM', KEYS[3], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
 def record_id(stage: Stage, episode_id: str) -> str:
     """One record per episode and stage: failing again updates it instead of piling up copies."""
     return f"{stage}:{episode_id}"
@@ -122,14 +134,25 @@ class DeadLetterStore:
         return bool(deleted)
 
     def replay(self, rid: str, enqueue: Callable[[DeadLetter], str]) -> str | None:
-        """Re-enqueue (enqueue returns the new task id once the broker accepted it), then remove."""
+        """Re-enqueue (enqueue returns the new task id once the broker accepted it), then remove the record
+        only if it is still the one replayed: a replay that failed again at once has written a new dead
+        letter under the same id, and that one stays."""
         letter = self.get(rid)
         if letter is None:
             return None
         bumped = letter.model_copy(update={"replay_count": letter.replay_count + 1})
-        self._redis.set(keys.dlq_record(rid), bumped.model_dump_json())  # counted even if we crash next
+        written = bumped.model_dump_json()
+        self._redis.set(keys.dlq_record(rid), written)  # counted even if we crash next
         task_id = enqueue(bumped)
-        self.remove(rid)
+        self._redis.eval(
+            _DELETE_IF_UNCHANGED,
+            3,
+            keys.dlq_record(rid),
+            keys.DLQ_INDEX,
+            keys.dlq_user(user_tag(letter.user_id)),
+            written,
+            rid,
+        )
         return task_id
 
     def purge_user(self, user_id: str) -> int:

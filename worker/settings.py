@@ -31,6 +31,9 @@ class Settings(BaseSettings):
         5.0, ge=0, le=120, description="How long the driver retries a transaction that hit a transient error."
     )
     neo4j_pool_size: int = Field(20, ge=1, le=500, description="Bolt connections per process.")
+    neo4j_tx_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="Server-side timeout of every write transaction (lock waits included)."
+    )
 
     llm_model: str = Field(
         "offline", min_length=1, description="litellm model string; 'offline' is the local deterministic extractor."

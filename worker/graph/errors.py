@@ -16,6 +16,9 @@ from neo4j.exceptions import (
 
 from worker.errors import StoreRequestError, StoreUnavailable
 
+# A transaction that ran out of time (its own timeout; stopped while waiting on a lock) may pass later: transient.
+_TIMEOUT_CODES = ("TransactionTimedOut", "LockAcquisitionTimeout", "LockClientStopped", "Transaction.Terminated")
+
 
 @contextmanager
 def translated(operation: str) -> Iterator[None]:
@@ -29,7 +32,7 @@ def translated(operation: str) -> Iterator[None]:
         raise StoreRequestError(f"neo4j refused the credentials during {operation}", cause="AuthError") from exc
     except Neo4jError as exc:
         code = exc.code or type(exc).__name__
-        if exc.is_retryable():
+        if exc.is_retryable() or any(part in code for part in _TIMEOUT_CODES):
             raise StoreUnavailable(f"neo4j asked to retry {operation}: {code}", cause=code) from exc
         raise StoreRequestError(f"neo4j refused {operation}: {code}", cause=code) from exc
     except DriverError as exc:

@@ -6,11 +6,11 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from neo4j import READ_ACCESS, Driver, GraphDatabase, ManagedTransaction, Query, Session
+from neo4j import READ_ACCESS, Driver, GraphDatabase, ManagedTransaction, Query, Session, unit_of_work
 from neo4j.exceptions import ClientError
 from pydantic import ValidationError
 
@@ -42,6 +42,8 @@ from worker.timeframe import Period
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 MAX_WINDOW_CHARS = 4_000  # of a best window read back to cut its passage from (messages can be 20k long)
 
 _SCHEMA_RACE_CODES = ("EquivalentSchemaRuleAlreadyExists", "IndexAlreadyExists", "ConstraintAlreadyExists")
@@ -67,8 +69,10 @@ class Neo4jGraphStore:
         pool_size: int = 20,
         delete_batch: int = 5_000,
         weights: FusionWeights | None = None,
+        tx_timeout_s: float = 30.0,
     ) -> None:
         self._database = database
+        self._tx_timeout_s = tx_timeout_s
         self.weights = weights or FusionWeights()  # recall's fusion (benchmarks switch signals off to compare)
         self._delete_batch = delete_batch
         self._driver: Driver = GraphDatabase.driver(
@@ -91,6 +95,7 @@ class Neo4jGraphStore:
             connect_timeout_s=settings.neo4j_connect_timeout_s,
             retry_time_s=settings.neo4j_retry_time_s,
             pool_size=settings.neo4j_pool_size,
+            tx_timeout_s=settings.neo4j_tx_timeout_s,
             weights=FusionWeights(
                 entities=settings.entity_weight,
                 dense=settings.recall_dense_weight if settings.embedding_model else 0.0,
@@ -99,6 +104,11 @@ class Neo4jGraphStore:
 
     def _session(self) -> Session:
         return self._driver.session(database=self._database)
+
+    def _write(self, session: Session, work: Callable[..., T], *args: Any) -> T:
+        """A write transaction with a server-side timeout: a lock wait or a stalled server never holds a
+        worker thread for longer (the timeout surfaces as StoreUnavailable, retried with backoff)."""
+        return session.execute_write(unit_of_work(timeout=self._tx_timeout_s)(work), *args)
 
     def _read_session(self) -> Session:
         return self._driver.session(database=self._database, default_access_mode=READ_ACCESS)
@@ -181,7 +191,7 @@ class Neo4jGraphStore:
         lines = {k: v for k, v in (progress or {}).items() if k in first}
 
         with translated("save_episodes"), self._session() as session:
-            by_id = session.execute_write(save_transaction, first, lines, token, now)
+            by_id = self._write(session, save_transaction, first, lines, token, now)
         return [
             by_id[w[0].id] if first[w[0].id] is w else SaveResult(episode_id=w[0].id, created=False) for w in writes
         ]
@@ -210,7 +220,7 @@ class Neo4jGraphStore:
                         continue
                     rows.append({"id": episode["id"], "terms": episode_terms})
                     chunks.extend(episode_chunks)
-                total += session.execute_write(self._set_terms, rows, chunks)
+                total += self._write(session, self._set_terms, rows, chunks)
 
     @staticmethod
     def _set_terms(tx: ManagedTransaction, rows: list[dict[str, Any]], chunks: list[dict[str, Any]]) -> int:
@@ -241,13 +251,14 @@ class Neo4jGraphStore:
         erasing_for_s if the eraser died). Kept under the user's tag (a hash), not the id."""
         tag = user_tag(user_id)
         with translated("mark_erased"), self._session() as session:
-            session.execute_write(
-                lambda tx: tx.run(cypher.MARK_ERASED, tag=tag, at=at, until=time.time() + erasing_for_s).consume()
+            self._write(
+                session,
+                lambda tx: tx.run(cypher.MARK_ERASED, tag=tag, at=at, until=time.time() + erasing_for_s).consume(),
             )
 
     def erasure_done(self, user_id: str) -> None:
         with translated("erasure_done"), self._session() as session:
-            session.execute_write(lambda tx: tx.run(cypher.ERASURE_DONE, tag=user_tag(user_id)).consume())
+            self._write(session, lambda tx: tx.run(cypher.ERASURE_DONE, tag=user_tag(user_id)).consume())
 
     # --- read --------------------------------------------------------------------------------------
 
@@ -377,7 +388,7 @@ class Neo4jGraphStore:
             return n
 
         total = 0
-        while (n := session.execute_write(batch)) > 0:
+        while (n := self._write(session, batch)) > 0:
             total += n
         return total
 
