@@ -39,6 +39,14 @@ class EventLog:
     def __enter__(self) -> EventLog:
         self._thread.start()
         assert self._ready.wait(10)
+        # Events travel by Redis pub/sub: those sent before the receiver subscribed are gone. Ping until
+        # one of ours comes back, so every event of the test is heard.
+        deadline = time.monotonic() + 20
+        with self._app.events.default_dispatcher() as dispatcher:
+            while not any(e["type"] == "test-ping" for e in self.events):
+                assert time.monotonic() < deadline, "the event receiver never subscribed"
+                dispatcher.send("test-ping")
+                time.sleep(0.2)
         return self
 
     def __exit__(self, *_: object) -> None:
