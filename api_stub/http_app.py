@@ -9,7 +9,8 @@
 
 Every endpoint but /healthz and the OpenAPI document needs `Authorization: Bearer <MEMORY_HTTP_TOKEN>`; the
 app refuses to start without a token unless MEMORY_HTTP_AUTH_DISABLED=true. Bodies over
-MEMORY_HTTP_MAX_BODY_BYTES get 413 before they are parsed. Invalid input gets 422 with the field and the
+MEMORY_HTTP_MAX_BODY_BYTES get 413 before they are parsed, and a request without the token gets 401 before its
+body is read. Invalid input gets 422 with the field and the
 reason, and nothing is enqueued or written.
 """
 
@@ -103,7 +104,7 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
         version="1",
         summary="Remember what each user said across conversations; recall it in milliseconds.",
     )
-    app.add_middleware(BodySizeLimit, max_bytes=settings.http_max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.http_max_body_bytes, token=token)
     guarded = [Depends(authorised)]
 
     @app.exception_handler(_Unauthorised)
@@ -155,7 +156,8 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
             body.user_id, body.query, limit=body.limit, budget_ms=body.budget_ms, strict=body.strict
         )
 
-    @app.delete("/v1/users/{user_id}/memory", dependencies=guarded, responses=problems)
+    # `:path`: a user id may hold "/" (sent as %2F); the erasure of such a user must be reachable too.
+    @app.delete("/v1/users/{user_id:path}/memory", dependencies=guarded, responses=problems)
     def forget(user_id: str) -> ForgetReport:
         return memory.forget_user(user_id)
 

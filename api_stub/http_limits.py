@@ -1,27 +1,38 @@
-"""ASGI middleware: refuse request bodies over a size limit with 413, before anything parses them."""
+"""ASGI middleware: refuse unauthenticated requests with 401 before their body is read, then bodies over a
+size limit with 413, before anything parses them."""
 
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+
 
 class BodySizeLimit:
-    """Checks Content-Length first, then counts the bytes actually received (chunked bodies too)."""
+    """Checks the bearer token (when one is set) before reading anything, then Content-Length, then counts
+    the bytes actually received (chunked bodies too). The endpoints check the token again."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, token: bytes | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.expected = b"Bearer " + token if token is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers", [])).get(b"content-length")
+        headers = dict(scope.get("headers", []))
+        needs_token = self.expected is not None and scope.get("path") not in OPEN_PATHS
+        if needs_token and not secrets.compare_digest(headers.get(b"authorization", b""), self.expected or b""):
+            await self._refuse(send, 401, "unauthorised", "a valid bearer token is required")
+            return
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large(send)
+            await self._refuse(send, 413, "too_large", f"request body exceeds {self.max_bytes} bytes")
             return
         chunks: list[bytes] = []
         size = 0
@@ -32,7 +43,7 @@ class BodySizeLimit:
             body: bytes = message.get("body", b"")
             size += len(body)
             if size > self.max_bytes:
-                await self._too_large(send)
+                await self._refuse(send, 413, "too_large", f"request body exceeds {self.max_bytes} bytes")
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -48,13 +59,12 @@ class BodySizeLimit:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, send: Send) -> None:
-        payload: dict[str, Any] = {
-            "error": "too_large",
-            "field": None,
-            "reason": f"request body exceeds {self.max_bytes} bytes",
-        }
+    @staticmethod
+    async def _refuse(send: Send, status: int, error: str, reason: str) -> None:
+        payload: dict[str, Any] = {"error": error, "field": None, "reason": reason}
         body = json.dumps(payload).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

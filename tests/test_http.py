@@ -163,6 +163,18 @@ def test_a_body_over_the_limit_gets_413_and_enqueues_nothing(server: ServerProce
     assert clean_redis.llen(EXTRACT_QUEUE) == 0 and clean_redis.zcard(INFLIGHT_INDEX) == 0
 
 
+def test_without_the_token_a_body_is_refused_before_it_is_read(server: ServerProcess) -> None:
+    big = {"user_id": "u", "session_id": "s", "messages": [{"role": "user", "content": "x" * 70_000}]}
+    answer = httpx.post(server.url + "/v1/episodes", json=big, timeout=10)
+    assert answer.status_code == 401 and answer.json()["error"] == "unauthorised"  # not 413: nothing read
+
+
+def test_a_user_id_with_a_slash_can_be_erased_over_http(server: ServerProcess) -> None:
+    answer = httpx.delete(server.url + "/v1/users/team%2Falice/memory", headers=AUTH, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["user_id"] == "team/alice"
+
+
 def test_openapi_document_describes_the_endpoints_and_the_bearer_scheme(server: ServerProcess) -> None:
     document = httpx.get(server.url + "/openapi.json", timeout=10).json()
     assert {"/v1/episodes", "/v1/recall", "/v1/users/{user_id}/memory", "/healthz"} <= set(document["paths"])
