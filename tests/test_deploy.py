@@ -60,6 +60,12 @@ def test_neo4j_has_auth_volumes_and_no_published_port() -> None:
     assert "ports" not in neo4j
 
 
+def test_no_healthcheck_puts_a_password_on_a_command_line() -> None:
+    for name, service in compose()["services"].items():
+        check = " ".join(service.get("healthcheck", {}).get("test", []))
+        assert not re.search(r"(^|\s)(-p|-a|--pass(word)?)(\s|=)", check), (name, check)
+
+
 def test_everything_that_listens_requires_credentials() -> None:
     services = compose()["services"]
     workers_env = environment(services["extract-worker"])

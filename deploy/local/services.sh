@@ -67,10 +67,11 @@ ensure_redis_installed() {
 }
 
 redis_up() {
+  # the AOF holds every queued conversation: readable by this user only (also for an older .var/)
+  mkdir -p "$VAR/redis" && chmod 700 "$VAR/redis"
   if alive "$redis_pidfile" redis-server; then log "redis already running on 127.0.0.1:$REDIS_PORT"; return 0; fi
   ensure_redis_installed
   if port_open "$REDIS_PORT"; then die "port $REDIS_PORT is taken by another process; set MEMORY_LOCAL_REDIS_PORT"; fi
-  mkdir -p "$VAR/redis"
   local conf="$VAR/redis/redis.conf"
   (umask 077; cat > "$conf" <<CONF
 bind 127.0.0.1
@@ -87,7 +88,7 @@ maxmemory-policy noeviction
 requirepass $(secret redis)
 CONF
 )
-  redis-server "$conf"
+  (umask 077; redis-server "$conf")  # files it creates (AOF, log) are private too
   local i
   for i in $(seq 1 100); do
     if REDISCLI_AUTH="$(secret redis)" redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; then
@@ -116,8 +117,8 @@ neo4j_build() {
 }
 
 neo4j_up() {
+  mkdir -p "$VAR/neo4j" && chmod 700 "$VAR/neo4j"  # the store holds every conversation
   if alive "$neo4j_pidfile" memory.Neo4jLauncher; then log "neo4j already running on 127.0.0.1:$NEO4J_PORT"; return 0; fi
-  mkdir -p "$VAR/neo4j"
   neo4j_build
   if port_open "$NEO4J_PORT"; then die "port $NEO4J_PORT is taken by another process; set MEMORY_LOCAL_NEO4J_PORT"; fi
   : > "$neo4j_log"
@@ -142,10 +143,11 @@ neo4j_up() {
 neo4j_query_ok() {  # a Cypher round trip over Bolt when the project's venv exists; the launcher's own query otherwise
   local py="$ROOT/.venv/bin/python"
   [ -x "$py" ] || return 0
-  "$py" - "$NEO4J_PORT" "$(secret neo4j)" <<'PY' >/dev/null 2>&1
-import sys
+  # the password in the environment, not on the command line (where `ps` shows it to every user)
+  NEO4J_CHECK_PASSWORD="$(secret neo4j)" "$py" - "$NEO4J_PORT" <<'PY' >/dev/null 2>&1
+import os, sys
 from neo4j import GraphDatabase
-with GraphDatabase.driver(f"bolt://127.0.0.1:{sys.argv[1]}", auth=("neo4j", sys.argv[2]),
+with GraphDatabase.driver(f"bolt://127.0.0.1:{sys.argv[1]}", auth=("neo4j", os.environ["NEO4J_CHECK_PASSWORD"]),
                           connection_timeout=2) as d:
     d.execute_query("RETURN 1")
 PY
