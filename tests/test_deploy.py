@@ -66,6 +66,13 @@ def test_no_healthcheck_puts_a_password_on_a_command_line() -> None:
         assert not re.search(r"(^|\s)(-p|-a|--pass(word)?)(\s|=)", check), (name, check)
 
 
+def test_workers_get_a_stop_grace_longer_than_their_own_shutdown_grace() -> None:
+    grace = Settings.load().shutdown_grace_s
+    for name in ("extract-worker", "persist-worker"):
+        period = compose()["services"][name]["stop_grace_period"]
+        assert period.endswith("s") and float(period[:-1]) > grace, (name, period, grace)
+
+
 def test_everything_that_listens_requires_credentials() -> None:
     services = compose()["services"]
     workers_env = environment(services["extract-worker"])

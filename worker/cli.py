@@ -59,7 +59,7 @@ def worker(extract_concurrency: int, persist_concurrency: int, queues: str, logl
         return int(client._in_flight().sweep(settings.silent_episode_s, client.republish))
 
     children = [Child(q, concurrency[q], loglevel) for q in wanted]
-    sys.exit(supervise(children, sweep, settings.sweep_interval_s))
+    sys.exit(supervise(children, sweep, settings.sweep_interval_s, settings.shutdown_grace_s))
 
 
 @main.command("import")

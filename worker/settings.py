@@ -91,6 +91,13 @@ class Settings(BaseSettings):
         200_000, ge=1, le=100_000_000, description="Most characters accepted over all messages of an episode."
     )
     task_time_limit_s: int = Field(300, ge=5, le=3600, description="Hard time limit of one task run.")
+    shutdown_grace_s: float = Field(
+        150.0,
+        ge=1,
+        le=3600,
+        description="On stop, how long `memctl worker` lets running tasks finish before it kills them "
+        "(the container's stop grace must be longer).",
+    )
     retry_backoff_base_s: float = Field(2.0, gt=0, le=600, description="First retry delay (doubles each attempt).")
     retry_backoff_cap_s: float = Field(600.0, gt=0, le=86_400, description="Longest delay between two retries.")
     retry_max_attempts: int = Field(

@@ -53,8 +53,15 @@ class Child:
         self.process = subprocess.Popen(self.command())
 
 
-def supervise(children: list[Child], sweep: Callable[[], int] | None = None, sweep_interval_s: float = 60) -> int:
-    """Run the children until SIGTERM/SIGINT; every sweep_interval_s, re-enqueue episodes gone silent."""
+def supervise(
+    children: list[Child],
+    sweep: Callable[[], int] | None = None,
+    sweep_interval_s: float = 60,
+    grace_s: float = 150,
+) -> int:
+    """Run the children until SIGTERM/SIGINT; every sweep_interval_s, re-enqueue episodes gone silent. On
+    stop, every child gets SIGTERM at once (warm shutdown) and one shared grace period to finish; those
+    still running at its end are killed (their unacknowledged messages go back to the queue)."""
     stopping = False
     next_sweep = time.monotonic() + sweep_interval_s
 
@@ -89,10 +96,12 @@ def supervise(children: list[Child], sweep: Callable[[], int] | None = None, swe
     for child in children:  # warm shutdown: running tasks finish, unstarted ones stay in Redis
         if child.process is not None and child.process.poll() is None:
             child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
     for child in children:
         if child.process is not None:
             try:
-                child.process.wait(timeout=60)
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 child.process.kill()
+                child.process.wait()
     return 0
