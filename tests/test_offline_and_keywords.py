@@ -125,6 +125,37 @@ def test_llm_keywords_over_budget_fall_back_to_local(
         redis_client.delete(key)
 
 
+def test_llm_keyword_calls_are_bounded_shared_per_query_rate_limited_and_counted(
+    standin: StandIn, keyword_settings: Settings, redis_client: RedisClient
+) -> None:
+    from worker.keywords import MAX_PENDING
+    from worker.stats import LLM_CALLS, Stats
+
+    user = f"kw-{time.time_ns()}"
+    # slow enough that none ends during the burst below, even on a busy machine
+    standin.default = lambda _request: Reply(content=json.dumps({"keywords": ["slow"]}), delay_s=3.0)
+    limited = keyword_settings.model_copy(update={"llm_requests_per_minute": 6000, "llm_timeout_s": 10.0})
+    extractor = KeywordExtractor(limited, redis=redis_client)
+    calls_before = Stats(redis_client).snapshot().get(LLM_CALLS, 0.0)
+    try:
+        for _ in range(5):  # the same question while its call runs: one call
+            assert extractor.keywords(user, "what about the slow train", budget_ms=1).llm_timed_out
+        for i in range(MAX_PENDING + 10):  # a burst of new questions: at most MAX_PENDING calls pending
+            extractor.keywords(user, f"question number {i} about trains", budget_ms=1)
+        deadline = time.monotonic() + 30
+        while extractor._calls.pending() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert extractor._calls.pending() == 0
+        assert standin.calls == MAX_PENDING  # 1 shared + MAX_PENDING - 1 new; the rest answered without
+        assert extractor._client()._limiter is not None  # under the shared Redis rate limit
+        # every call of ours counted (the counter is shared: a late call of an earlier test may add to it)
+        assert Stats(redis_client).snapshot()[LLM_CALLS] - calls_before >= MAX_PENDING
+    finally:
+        extractor.close()
+        for key in redis_client.scan_iter(keywords_cache_pattern(user_tag(user))):
+            redis_client.delete(key)
+
+
 def test_keywords_without_llm_never_call_it(standin: StandIn, llm_settings: Settings) -> None:
     extractor = KeywordExtractor(llm_settings)  # llm_keywords_enabled is off by default
     assert extractor.keywords("u", "Lisbon sister").words == ["lisbon", "sister"]

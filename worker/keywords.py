@@ -7,19 +7,20 @@ import hashlib
 import json
 import logging
 import re
-from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from worker.background import BackgroundCalls
 from worker.identity import user_tag
 from worker.keys import keywords_cache
 from worker.llm.answer import parse_answer
-from worker.llm.client import LLMClient
+from worker.llm.client import LLMClient, build_client
 from worker.offline import MODEL_NAME as OFFLINE
 from worker.prompts import keywords as prompt
 from worker.prompts.template import PromptTemplate
 from worker.settings import Settings
+from worker.stats import Stats
 from worker.stopwords import ENGLISH_STOP
 
 log = logging.getLogger(__name__)
@@ -61,15 +62,20 @@ def merge(first: list[str], second: list[str], limit: int) -> list[str]:
     return list(seen.values())[:limit]
 
 
+MAX_PENDING = 16  # LLM keyword calls running at once; beyond this recall does not start another
+
+
 class KeywordExtractor:
-    """One per process (it owns a small thread pool for LLM calls that may outlive their budget)."""
+    """One per process. LLM calls run in a small pool and may outlive their budget (their answer fills the
+    cache); at most MAX_PENDING at once, one per query, under the shared LLM rate limit, and counted in the
+    LLM cost metrics like extractions."""
 
     def __init__(self, settings: Settings, redis: Any | None = None, llm: LLMClient | None = None) -> None:
         self._settings = settings
         self._redis = redis
         self._llm = llm
         self._template = PromptTemplate.load(prompt.DEFAULT, settings.prompt_keywords_file)
-        self._pool: ThreadPoolExecutor | None = None
+        self._calls: BackgroundCalls[list[str]] = BackgroundCalls("llm-keywords", 4, MAX_PENDING)
 
     @property
     def llm_enabled(self) -> bool:
@@ -84,7 +90,9 @@ class KeywordExtractor:
         cached = self._cache_get(key)
         if cached is not None:
             return Keywords(merge(local, cached, limit), "local+cache")
-        future = self._submit(key, query)
+        future = self._calls.submit(key, lambda: self._ask_and_cache(key, query))
+        if future is None:  # too many calls pending already: answer without
+            return Keywords(local, "local", llm_timed_out=True)
         budget_s = (budget_ms if budget_ms is not None else self._settings.keywords_budget_ms) / 1000
         try:
             from_llm = future.result(timeout=budget_s)
@@ -99,17 +107,19 @@ class KeywordExtractor:
         material = f"{self._settings.llm_model}\x1f{self._template.version}\x1f{query}"
         return hashlib.sha256(material.encode("utf-8")).hexdigest()[:32]
 
-    def _submit(self, key: str, query: str) -> Future[list[str]]:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llm-keywords")
-        return self._pool.submit(self._ask_and_cache, key, query)
+    def _client(self) -> LLMClient:
+        if self._llm is None:  # with the shared rate limit (the same Redis bucket as the extractions)
+            self._llm = build_client(self._settings, (lambda: self._redis) if self._redis is not None else None)
+        return self._llm
 
     def _ask_and_cache(self, key: str, query: str) -> list[str]:
-        client = self._llm or LLMClient(self._settings)
-        reply = client.complete(
+        reply = self._client().complete(
             lambda schema_in_prompt: prompt.build_messages(self._template, query, schema_in_prompt=schema_in_prompt),
             prompt.ResponseModel,
         )
+        if self._redis is not None:  # paid for like an extraction: in the same cost metrics
+            usage = reply.usage
+            Stats(self._redis).llm_used(usage.calls, usage.prompt_tokens, usage.completion_tokens, usage.cost_usd)
         answer = parse_answer(reply.text, prompt.KeywordsAnswer)
         words = [w.strip() for w in answer.keywords if w.strip()]
         if self._redis is not None:
@@ -130,5 +140,4 @@ class KeywordExtractor:
         return None if raw is None else list(json.loads(raw))
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._calls.close()

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from threading import Lock
 from typing import Any
 
+from worker.background import BackgroundCalls
 from worker.identity import user_tag
 from worker.keys import query_vector_cache
 from worker.llm.embeddings import Embedder, pack, unpack
@@ -25,9 +24,7 @@ class QueryEmbedder:
     def __init__(self, settings: Settings, redis: Any | None = None) -> None:
         self._settings = settings
         self._redis = redis
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: dict[str, Future[list[float]]] = {}
-        self._lock = Lock()
+        self._calls: BackgroundCalls[list[float]] = BackgroundCalls("query-embedding", 2, MAX_PENDING)
 
     @property
     def enabled(self) -> bool:
@@ -41,7 +38,7 @@ class QueryEmbedder:
         cached = self._cache_get(key)
         if cached is not None:
             return cached
-        future = self._submit(key, query)
+        future = self._calls.submit(key, lambda: self._embed_and_cache(key, query))
         if future is None:
             return None
         try:
@@ -56,24 +53,6 @@ class QueryEmbedder:
         s = self._settings
         material = f"{s.embedding_query_model or s.embedding_model}\x1f{query}"
         return hashlib.sha256(material.encode("utf-8")).hexdigest()[:32]
-
-    def _submit(self, key: str, query: str) -> Future[list[float]] | None:
-        with self._lock:
-            running = self._pending.get(key)
-            if running is not None:
-                return running
-            if len(self._pending) >= MAX_PENDING:
-                return None
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="query-embedding")
-            future = self._pool.submit(self._embed_and_cache, key, query)
-            self._pending[key] = future
-        future.add_done_callback(lambda _f: self._forget(key))
-        return future
-
-    def _forget(self, key: str) -> None:
-        with self._lock:
-            self._pending.pop(key, None)
 
     def _embed_and_cache(self, key: str, query: str) -> list[float]:
         vector = Embedder(self._settings).embed([query], query=True)[0]
@@ -95,5 +74,4 @@ class QueryEmbedder:
         return None if raw is None else unpack(raw.decode("ascii") if isinstance(raw, bytes) else raw)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._calls.close()

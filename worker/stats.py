@@ -35,6 +35,13 @@ class Stats:
             cost_usd=float(record.get("cost_usd") or 0.0),
         )
 
+    def llm_used(self, calls: int, prompt_tokens: int, completion_tokens: int, cost_usd: float) -> None:
+        """LLM calls outside extraction (recall's keywords)."""
+        self._add(
+            {LLM_CALLS: calls, LLM_PROMPT_TOKENS: prompt_tokens, LLM_COMPLETION_TOKENS: completion_tokens},
+            cost_usd=cost_usd,
+        )
+
     def persisted(self) -> None:
         self._add({EPISODES_PERSISTED: 1})
 
