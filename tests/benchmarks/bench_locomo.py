@@ -69,7 +69,7 @@ def ingest(client: MemoryClient, conversations: Sequence[Conversation], user_of:
         for c in conversations
         for s in c.sessions
     ]
-    states = client.wait(receipts, timeout_s=600)
+    states = client.wait(receipts, timeout_s=1800)  # embeddings on 2 shared cores take minutes
     failed = [s for s in states if s.state != "persisted"]
     if failed:
         raise RuntimeError(f"{len(failed)} sessions were not persisted: {failed[:3]}")
