@@ -1,7 +1,7 @@
 """What a caller imports: MemoryClient (add_episode, add_episodes, wait, ...). Importing it is light."""
 
 from api_stub.client import EpisodeReceipt, EpisodeState, ForgetReport, MemoryClient
-from worker.errors import EpisodeRejected, QueryRejected
+from worker.errors import EpisodeRejected, QueryRejected, QueueFull
 from worker.models import MemoryContext
 
 __all__ = [
@@ -12,4 +12,5 @@ __all__ = [
     "MemoryClient",
     "MemoryContext",
     "QueryRejected",
+    "QueueFull",
 ]

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     from api_stub.recall import RecallCounters
 
-from worker.errors import EpisodeRejected
+from worker.errors import EpisodeRejected, QueueFull
 from worker.models import Episode, Limits, MemoryContext, build_episode
 from worker.pipeline import episode_payload
 from worker.settings import Settings
@@ -132,7 +132,8 @@ class MemoryClient:
                 )
             except EpisodeRejected as exc:
                 raise EpisodeRejected(exc.reason, f"[{index}].{exc.field}" if exc.field else f"[{index}]") from None
-        return [self.enqueue(e) for e in episodes]
+        self._admit(len(episodes))
+        return [self.enqueue(e, admitted=True) for e in episodes]
 
     def _in_flight(self) -> Any:
         if self._inflight is None:
@@ -143,9 +144,17 @@ class MemoryClient:
             self._inflight = InFlight(Redis.from_url(self._settings.redis_url, socket_timeout=5))
         return self._inflight
 
-    def enqueue(self, episode: Episode) -> EpisodeReceipt:
+    def _admit(self, count: int) -> None:
+        """Backpressure: refuse (QueueFull, nothing enqueued) when the backlog would pass the limit."""
+        in_flight = self._in_flight().count()
+        if in_flight + count > self._settings.max_in_flight:
+            raise QueueFull(in_flight, self._settings.max_in_flight)
+
+    def enqueue(self, episode: Episode, *, admitted: bool = False) -> EpisodeReceipt:
         """Record the episode as in flight, then publish its chain: a message lost by the broker is found
-        again by the sweep (see worker/inflight.py)."""
+        again by the sweep (see worker/inflight.py). Raises QueueFull when the backlog is at its limit."""
+        if not admitted:
+            self._admit(1)
         payload = episode_payload(episode)
         self._in_flight().add(episode.id, episode.user_id, payload)
         return EpisodeReceipt(episode_id=episode.id, task_id=self.publish(payload))

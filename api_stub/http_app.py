@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api_stub.client import EpisodeReceipt, ForgetReport, MemoryClient
 from api_stub.http_limits import BodySizeLimit
 from api_stub.metrics import registry
-from worker.errors import EpisodeRejected, QueryRejected, SettingsError, StoreError
+from worker.errors import EpisodeRejected, QueryRejected, QueueFull, SettingsError, StoreError
 from worker.models import MemoryContext
 from worker.settings import Settings
 
@@ -131,6 +131,12 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
 
     def _queue_down(_: Request, exc: Exception) -> JSONResponse:
         return _problem(503, "unavailable", f"queue unavailable ({type(exc).__name__})")
+
+    @app.exception_handler(QueueFull)
+    def _queue_full(_: Request, exc: Exception) -> JSONResponse:
+        response = _problem(503, "queue_full", str(exc))
+        response.headers["Retry-After"] = "5"
+        return response
 
     for broker_error in _broker_errors():
         app.add_exception_handler(broker_error, _queue_down)

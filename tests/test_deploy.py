@@ -52,6 +52,11 @@ def test_redis_is_durable_authenticated_and_never_evicts() -> None:
     assert "ports" not in redis
 
 
+def test_redis_has_a_memory_limit_so_noeviction_applies() -> None:
+    command = compose()["services"]["redis"]["command"]
+    assert "--maxmemory" in command and command[command.index("--maxmemory") + 1]
+
+
 def test_neo4j_has_auth_volumes_and_no_published_port() -> None:
     neo4j = compose()["services"]["neo4j"]
     auth = environment(neo4j)["NEO4J_AUTH"]

@@ -68,3 +68,13 @@ class SessionMovedError(MemoryServiceError):
     """The session's extracted line kept moving under this episode's extraction (sends of one session
     persisting at the same moment, or the accepted episode no longer at hand to plan again): transient,
     the next attempt plans again."""
+
+
+class QueueFull(MemoryServiceError):
+    """Backpressure: more episodes are in flight than MEMORY_MAX_IN_FLIGHT. Nothing was enqueued; send again
+    later (HTTP: 503 with Retry-After)."""
+
+    def __init__(self, in_flight: int, limit: int) -> None:
+        self.in_flight = in_flight
+        self.limit = limit
+        super().__init__(f"{in_flight} episodes in flight, the limit is {limit}: send again later")

@@ -90,6 +90,13 @@ class Settings(BaseSettings):
     max_episode_chars: int = Field(
         200_000, ge=1, le=100_000_000, description="Most characters accepted over all messages of an episode."
     )
+    max_in_flight: int = Field(
+        100_000,
+        ge=1,
+        le=100_000_000,
+        description="Most episodes accepted and not final yet; beyond it add_episode refuses with QueueFull "
+        "(HTTP 503) until the workers catch up, instead of filling Redis.",
+    )
     task_time_limit_s: int = Field(300, ge=5, le=3600, description="Hard time limit of one task run.")
     shutdown_grace_s: float = Field(
         150.0,

@@ -21,6 +21,7 @@ COMPOSE_INPUTS: dict[str, tuple[str, str | None]] = {  # name → (meaning, defa
     "NEO4J_PASSWORD": ("Password of the neo4j user (at least 8 characters); compose passes it on.", None),
     "NEO4J_HEAP": ("Neo4j heap (initial = max); see the capacity plan in the README.", "2g"),
     "NEO4J_PAGECACHE": ("Neo4j page cache: ideally the size of the store files.", "4g"),
+    "REDIS_MAXMEMORY": ("Redis memory limit (noeviction: a full Redis refuses writes, never drops them).", "4gb"),
 }
 # Settings that docker-compose.yml sets from the inputs above (an .env value for them would be overridden).
 SET_BY_COMPOSE = {"MEMORY_REDIS_URL", "MEMORY_NEO4J_URI", "MEMORY_NEO4J_USER", "MEMORY_NEO4J_PASSWORD"}
