@@ -146,6 +146,8 @@ class MemoryClient:
 
     def _admit(self, count: int) -> None:
         """Backpressure: refuse (QueueFull, nothing enqueued) when the backlog would pass the limit."""
+        if count > self._settings.max_in_flight:
+            raise EpisodeRejected(f"{count} episodes at once: more than MEMORY_MAX_IN_FLIGHT allows in flight")
         in_flight = self._in_flight().count()
         if in_flight + count > self._settings.max_in_flight:
             raise QueueFull(in_flight, self._settings.max_in_flight)
@@ -261,15 +263,17 @@ class MemoryClient:
         # First the mark: from its commit on, work accepted before now (queued, retrying, running) is
         # dropped by both stages and by the persist transaction; then what is stored goes.
         erased_at = time.time()
-        recall.store.mark_erased(user_id, erased_at)
-        self._redis.set(erasure_key(user_tag(user_id)), repr(erased_at), ex=ERASURE_KEY_TTL_S)
-        graph = recall.store.delete_user(user_id)
-        dead_letters = DeadLetterStore(self._redis).purge_user(user_id)
-        self._in_flight().purge_user(user_id)
-        cached = 0
-        for key in self._redis.scan_iter(keywords_cache_pattern(user_tag(user_id)), count=500):
-            cached += int(self._redis.delete(key))
-        recall.store.erasure_done(user_id)
+        window = recall.store.mark_erased(user_id, erased_at)
+        try:
+            self._redis.set(erasure_key(user_tag(user_id)), repr(erased_at), ex=ERASURE_KEY_TTL_S)
+            graph = recall.store.delete_user(user_id)
+            dead_letters = DeadLetterStore(self._redis).purge_user(user_id)
+            self._in_flight().purge_user(user_id, accepted_until=erased_at)
+            cached = 0
+            for key in self._redis.scan_iter(keywords_cache_pattern(user_tag(user_id)), count=500):
+                cached += int(self._redis.delete(key))
+        finally:  # persists of the user wait no longer (a failed erasure is retried by its caller)
+            recall.store.erasure_done(user_id, window)
         report = ForgetReport(
             user_id=user_id,
             episodes=graph.episodes,

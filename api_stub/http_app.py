@@ -74,9 +74,9 @@ def _problem(status: int, error: str, reason: str, field: str | None = None) -> 
 
 def _broker_errors() -> tuple[type[Exception], ...]:
     from kombu.exceptions import OperationalError
-    from redis.exceptions import ConnectionError, TimeoutError
+    from redis.exceptions import ConnectionError, OutOfMemoryError, TimeoutError  # type: ignore[attr-defined]
 
-    return (OperationalError, ConnectionError, TimeoutError)
+    return (OperationalError, ConnectionError, TimeoutError, OutOfMemoryError)  # OOM: Redis at its maxmemory
 
 
 def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAPI:

@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
 class BodySizeLimit:
@@ -19,15 +19,14 @@ class BodySizeLimit:
     def __init__(self, app: ASGIApp, max_bytes: int, token: bytes | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
-        self.expected = b"Bearer " + token if token is not None else None
+        self.token = token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", []))
-        needs_token = self.expected is not None and scope.get("path") not in OPEN_PATHS
-        if needs_token and not secrets.compare_digest(headers.get(b"authorization", b""), self.expected or b""):
+        if self.token is not None and scope.get("path") not in OPEN_PATHS and not self._bearer_ok(headers):
             await self._refuse(send, 401, "unauthorised", "a valid bearer token is required")
             return
         declared = headers.get(b"content-length")
@@ -58,6 +57,10 @@ class BodySizeLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    def _bearer_ok(self, headers: dict[bytes, bytes]) -> bool:
+        scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+        return scheme.lower() == b"bearer" and secrets.compare_digest(given.strip(), self.token or b"")
 
     @staticmethod
     async def _refuse(send: Send, status: int, error: str, reason: str) -> None:

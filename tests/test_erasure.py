@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
+
+import pytest
 
 from api_stub.client import MemoryClient
 from tests.ingest_helpers import graph_facts
@@ -11,6 +15,7 @@ from tests.llm_standin import Reply, StandIn
 from tests.services import RedisClient
 from tests.workers import WorkerProcess
 from worker.deadletter import DeadLetterStore
+from worker.errors import StoreUnavailable
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.models import Limits, build_episode
 from worker.pipeline import episode_payload, extract_stage, persist_stage
@@ -77,3 +82,42 @@ def test_a_stage_failing_for_good_after_the_erasure_keeps_no_dead_letter(
     assert client.wait([receipt], 60)[0].state == "forgotten"
     assert DeadLetterStore(clean_redis).count() == 0
     assert not list(clean_redis.scan_iter("memory:dlq:*"))
+
+
+def test_persists_wait_while_an_erasure_deletes_and_only_its_own_end_lets_them_go(
+    settings: Settings, store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("erase-window")
+    window = store.mark_erased(user, time.time())
+    payload = episode_payload(build_episode(user, "s1", SAID, limits=Limits()))  # accepted after the mark
+    extraction = extract_stage(payload, settings=settings, store=store, llm=None)
+    with pytest.raises(StoreUnavailable):  # transient: the stage retries once the erasure is done
+        persist_stage(extraction, store=store)
+    store.erasure_done(user, "another erasure's token")
+    with pytest.raises(StoreUnavailable):
+        persist_stage(extraction, store=store)
+    store.erasure_done(user, window)
+    assert persist_stage(extraction, store=store)["status"] == "persisted"
+
+
+def test_a_send_planned_on_a_line_the_erasure_deleted_is_extracted_again_whole(
+    settings: Settings, store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("erase-line")
+    history = [{"role": "user", "content": f"Message {i} about Lisbon and Anna."} for i in range(6)]
+
+    def extracted(n: int) -> dict[str, Any]:
+        episode = build_episode(user, "s1", history[:n], limits=Limits())
+        return extract_stage(episode_payload(episode), settings=settings, store=store, llm=None)
+
+    assert persist_stage(extracted(4), store=store)["status"] == "persisted"
+    window = store.mark_erased(user, time.time())
+    longer = extracted(6)  # sent after the mark, planned before the delete: only messages 5-6 are new to it
+    assert longer["record"]["message_count"] == 2
+    store.delete_user(user)
+    store.erasure_done(user, window)
+    outcome = persist_stage(longer, store=store, extract_again=lambda _digest: extracted(6))
+    assert outcome["status"] == "persisted"
+    with store._session() as s:  # the whole send is remembered, not just the two messages after the old line
+        sizes = s.run("MATCH (e:Episode {user_id: $u}) RETURN e.message_count", u=user).value()
+    assert sizes == [6]

@@ -169,6 +169,12 @@ def test_without_the_token_a_body_is_refused_before_it_is_read(server: ServerPro
     assert answer.status_code == 401 and answer.json()["error"] == "unauthorised"  # not 413: nothing read
 
 
+def test_the_bearer_scheme_is_case_insensitive(server: ServerProcess) -> None:
+    lower = {"Authorization": f"bearer {TOKEN}"}
+    answer = httpx.post(server.url + "/v1/recall", json={"user_id": "u", "query": "x"}, headers=lower, timeout=30)
+    assert answer.status_code == 200, answer.text
+
+
 def test_a_user_id_with_a_slash_can_be_erased_over_http(server: ServerProcess) -> None:
     answer = httpx.delete(server.url + "/v1/users/team%2Falice/memory", headers=AUTH, timeout=30)
     assert answer.status_code == 200, answer.text

@@ -8,14 +8,17 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import click
 
-from worker.errors import EpisodeRejected, MemoryServiceError
+from worker.errors import EpisodeRejected, MemoryServiceError, QueueFull
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
 from worker.settings import Settings
+
+QUEUE_FULL_WAIT_S = 600.0  # memctl import waits this long for a full queue to drain before it gives up
 
 
 def _settings() -> Settings:
@@ -84,8 +87,19 @@ def import_(file: Path, wait_s: float | None) -> None:
         raise click.ClickException(f"{file}: line {items.index(item) + 1}: {exc}; nothing was enqueued") from None
     receipts = []
     with click.progressbar(items, label="enqueue", file=sys.stderr) as bar:
-        for item in bar:
-            receipts.append(client.add_episode(item["user_id"], item["session_id"], item["messages"]))
+        for number, item in enumerate(bar, start=1):
+            waited_until = time.monotonic() + QUEUE_FULL_WAIT_S
+            while True:
+                try:
+                    receipts.append(client.add_episode(item["user_id"], item["session_id"], item["messages"]))
+                    break
+                except QueueFull:  # backpressure: wait for the workers to catch up, then go on
+                    if time.monotonic() > waited_until:
+                        raise click.ClickException(
+                            f"{file}: the queue stayed full for {QUEUE_FULL_WAIT_S:g} s; the first {number - 1} "
+                            f"conversations were enqueued, resume from conversation {number}"
+                        ) from None
+                    time.sleep(1.0)
     click.echo(f"enqueued {len(receipts)} episodes")
     if wait_s is not None:
         states = client.wait(receipts, timeout_s=wait_s)

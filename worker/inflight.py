@@ -58,10 +58,17 @@ class InFlight:
             out.append((episode_id, json.loads(raw)["payload"]))
         return out
 
-    def purge_user(self, user_id: str) -> int:
+    def purge_user(self, user_id: str, accepted_until: float | None = None) -> int:
+        """Remove the user's records (only those accepted up to `accepted_until` when given: an episode sent
+        after an erasure began is the user's new memory and keeps its record)."""
         removed = 0
         for raw_id, raw in self._redis.hscan_iter(keys.INFLIGHT_PAYLOADS, count=500):
-            if json.loads(raw)["user_id"] == user_id:
+            record = json.loads(raw)
+            if record["user_id"] != user_id:
+                continue
+            payload = record["payload"]
+            accepted = payload.get("accepted_at", (payload.get("record") or {}).get("accepted_at"))
+            if accepted_until is None or (accepted or 0.0) <= accepted_until:
                 self.done(raw_id.decode() if isinstance(raw_id, bytes) else raw_id)
                 removed += 1
         return removed

@@ -89,7 +89,11 @@ def decide(line: StoredLine | None, planned_start: int, hashes: Sequence[str]) -
     """In the persist transaction, with the line locked: save the extraction, drop it (the line holds
     every message of the send already), or extract again (the line moved past where this extraction began,
     so saving it would count those messages twice)."""
-    if line is None or line.hashes is None or not hashes:  # no hashes: a payload from before lines existed
+    if not hashes:  # a payload from before lines existed
+        return "save"
+    if planned_start > 0 and (line is None or (line.hashes is None and line.extracted == 0)):
+        return "moved"  # the line this plan stood on is gone (erased): what it took as extracted is not
+    if line is None or line.hashes is None:  # a line from before hashes: only its count is known
         return "save"
     now = common_prefix(line.hashes, hashes)
     if now >= len(hashes):

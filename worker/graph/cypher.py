@@ -67,10 +67,14 @@ RETURN tag, u.erased_at AS erased_at, coalesce(u.erasing_until, 0.0) AS erasing_
 MARK_ERASED = """
 MERGE (u:UserMark {user_tag: $tag})
 SET u.erased_at = CASE WHEN coalesce(u.erased_at, 0.0) > $at THEN u.erased_at ELSE $at END,
-    u.erasing_until = $until
+    u.erasing_until = $until, u.erasing_token = $token
 """
 
-ERASURE_DONE = "MATCH (u:UserMark {user_tag: $tag}) REMOVE u.erasing_until"
+# Only the erasure that opened the window closes it (two erasures of one user may overlap).
+ERASURE_DONE = """
+MATCH (u:UserMark {user_tag: $tag}) WHERE u.erasing_token = $token
+REMOVE u.erasing_until, u.erasing_token
+"""
 
 # The sessions' lines, locked for the rest of the persist transaction (see worker/sessions.py).
 LOCK_PROGRESS = """

@@ -43,6 +43,7 @@ from worker.timeframe import Period
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+BULK_TIMEOUT_FACTOR = 10
 
 MAX_WINDOW_CHARS = 4_000  # of a best window read back to cut its passage from (messages can be 20k long)
 
@@ -105,10 +106,13 @@ class Neo4jGraphStore:
     def _session(self) -> Session:
         return self._driver.session(database=self._database)
 
-    def _write(self, session: Session, work: Callable[..., T], *args: Any) -> T:
+    def _write(self, session: Session, work: Callable[..., T], *args: Any, bulk: bool = False) -> T:
         """A write transaction with a server-side timeout: a lock wait or a stalled server never holds a
-        worker thread for longer (the timeout surfaces as StoreUnavailable, retried with backoff)."""
-        return session.execute_write(unit_of_work(timeout=self._tx_timeout_s)(work), *args)
+        worker thread for longer (the timeout surfaces as StoreUnavailable, retried with backoff). Bulk
+        batches (erasure, reindex) get ten times as long: a batch that cannot finish in time would fail on
+        every retry."""
+        timeout = self._tx_timeout_s * (BULK_TIMEOUT_FACTOR if bulk else 1)
+        return session.execute_write(unit_of_work(timeout=timeout)(work), *args)
 
     def _read_session(self) -> Session:
         return self._driver.session(database=self._database, default_access_mode=READ_ACCESS)
@@ -220,7 +224,7 @@ class Neo4jGraphStore:
                         continue
                     rows.append({"id": episode["id"], "terms": episode_terms})
                     chunks.extend(episode_chunks)
-                total += self._write(session, self._set_terms, rows, chunks)
+                total += self._write(session, self._set_terms, rows, chunks, bulk=True)
 
     @staticmethod
     def _set_terms(tx: ManagedTransaction, rows: list[dict[str, Any]], chunks: list[dict[str, Any]]) -> int:
@@ -245,20 +249,22 @@ class Neo4jGraphStore:
             episode_digest=row["episode_digest"],
         )
 
-    def mark_erased(self, user_id: str, at: float, erasing_for_s: float = 600.0) -> None:
+    def mark_erased(self, user_id: str, at: float, erasing_for_s: float = 600.0) -> str:
         """Record that the user was erased at `at` (epoch seconds): from now on, persist transactions drop
-        the user's work accepted before it, and wait while the erasure runs (until erasure_done, or for
-        erasing_for_s if the eraser died). Kept under the user's tag (a hash), not the id."""
-        tag = user_tag(user_id)
+        the user's work accepted before it, and wait while the erasure runs (until erasure_done with the
+        token returned here, or for erasing_for_s if the eraser died). Kept under the user's tag (a hash)."""
+        tag, token = user_tag(user_id), uuid.uuid4().hex
+        until = time.time() + erasing_for_s
         with translated("mark_erased"), self._session() as session:
             self._write(
                 session,
-                lambda tx: tx.run(cypher.MARK_ERASED, tag=tag, at=at, until=time.time() + erasing_for_s).consume(),
+                lambda tx: tx.run(cypher.MARK_ERASED, tag=tag, at=at, until=until, token=token).consume(),
             )
+        return token
 
-    def erasure_done(self, user_id: str) -> None:
+    def erasure_done(self, user_id: str, token: str) -> None:
         with translated("erasure_done"), self._session() as session:
-            self._write(session, lambda tx: tx.run(cypher.ERASURE_DONE, tag=user_tag(user_id)).consume())
+            self._write(session, lambda tx: tx.run(cypher.ERASURE_DONE, tag=user_tag(user_id), token=token).consume())
 
     # --- read --------------------------------------------------------------------------------------
 
@@ -388,7 +394,7 @@ class Neo4jGraphStore:
             return n
 
         total = 0
-        while (n := self._write(session, batch)) > 0:
+        while (n := self._write(session, batch, bulk=True)) > 0:
             total += n
         return total
 

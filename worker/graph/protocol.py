@@ -35,8 +35,12 @@ class GraphStore(Protocol):
     def write_state(self, user_id: str, key: str, episode_id: str) -> WriteState:
         """The session's line, the user's last erasure and an episode stored under this id (one read)."""
 
-    def mark_erased(self, user_id: str, at: float) -> None:
-        """Record an erasure: work for the user accepted before `at` is never written."""
+    def mark_erased(self, user_id: str, at: float, erasing_for_s: float = 600.0) -> str:
+        """Record an erasure: work for the user accepted before `at` is never written; persists wait until
+        erasure_done(user_id, the token returned)."""
+
+    def erasure_done(self, user_id: str, token: str) -> None:
+        """The erasure that returned `token` has finished deleting."""
 
     def search(
         self,
