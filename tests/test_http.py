@@ -175,10 +175,14 @@ def test_the_bearer_scheme_is_case_insensitive(server: ServerProcess) -> None:
     assert answer.status_code == 200, answer.text
 
 
-def test_a_user_id_with_a_slash_can_be_erased_over_http(server: ServerProcess) -> None:
+def test_a_user_id_with_a_slash_can_be_erased_over_http(server: ServerProcess, clean_redis: RedisClient) -> None:
+    said = {"user_id": "team/alice", "session_id": "s", "messages": [{"role": "user", "content": "hello there"}]}
+    assert httpx.post(server.url + "/v1/episodes", json=said, headers=AUTH, timeout=30).status_code == 202
+    assert clean_redis.zcard(INFLIGHT_INDEX) == 1  # accepted (no worker runs): the user has memory in flight
     answer = httpx.delete(server.url + "/v1/users/team%2Falice/memory", headers=AUTH, timeout=30)
     assert answer.status_code == 200, answer.text
     assert answer.json()["user_id"] == "team/alice"
+    assert clean_redis.zcard(INFLIGHT_INDEX) == 0  # the erasure reached that user
 
 
 def test_openapi_document_describes_the_endpoints_and_the_bearer_scheme(server: ServerProcess) -> None:
