@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from bisect import bisect_left
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -16,7 +18,8 @@ from threading import Lock
 
 from pydantic import TypeAdapter, ValidationError
 
-from worker.errors import QueryRejected, StoreError
+from worker.background import BackgroundCalls
+from worker.errors import QueryRejected, StoreError, StoreUnavailable
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.keywords import KeywordExtractor
 from worker.models import Identifier, MemoryContext
@@ -27,6 +30,9 @@ from worker.timeframe import period_in
 log = logging.getLogger("memory.recall")
 audit = logging.getLogger("memory.audit")
 
+
+DEADLINE_MARGIN_S = 0.05  # what a caller may wait beyond its budget (thread hand-off, result checks)
+MAX_RUNNING = 16  # recalls in flight per process; more (all stuck on a stalled store) answer degraded at once
 
 LATENCY_BUCKETS_S = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -96,8 +102,10 @@ class Recall:
         self._keywords = keywords
         self._embedder = embedder or QueryEmbedder(settings)
         self.counters = RecallCounters()
+        self._calls: BackgroundCalls[MemoryContext] = BackgroundCalls("recall", MAX_RUNNING, MAX_RUNNING)
 
     def close(self) -> None:
+        self._calls.close()
         self._keywords.close()
         self._embedder.close()
         self.store.close()
@@ -111,6 +119,41 @@ class Recall:
             raise QueryRejected("must be between 1 and 100", "limit")
         started = time.perf_counter()
         budget_s = (budget_ms if budget_ms is not None else self._settings.recall_budget_ms) / 1000
+        # The work runs in a bounded pool and the caller waits at most the budget plus a margin: a stalled
+        # store or cache (a blocked socket, a pool waiting for a connection, client retries) cannot hold the
+        # caller's turn; the late call ends in the background, bounded by its own timeouts.
+        future = self._calls.submit(uuid.uuid4().hex, lambda: self._search(user_id, query, limit, budget_s, strict))
+        if future is None:
+            context = self._degraded(user_id, "busy", strict)  # MAX_RUNNING recalls already stuck on a store
+        else:
+            try:
+                context = future.result(timeout=budget_s + DEADLINE_MARGIN_S)
+            except FutureTimeout:
+                context = self._degraded(user_id, "timeout", strict)
+        context, dropped = self._only_own(user_id, context)
+        latency_s = time.perf_counter() - started
+        latency_ms = latency_s * 1000
+        self.counters.add(degraded=context.degraded, dropped=dropped, latency_s=latency_s)
+        audit.info(
+            "recall",
+            extra={
+                "event": "recall",
+                "user_id": user_id,
+                "episode_ids": [e.id for e in context.related_episodes],
+                "latency_ms": round(latency_ms, 2),
+                "degraded": context.degraded,
+            },
+        )
+        return context
+
+    def _degraded(self, user_id: str, why: str, strict: bool) -> MemoryContext:
+        if strict:
+            raise StoreUnavailable(f"recall did not finish within its budget ({why})", cause=f"Recall{why.title()}")
+        log.warning("recall degraded", extra={"user_id": user_id, "error_class": f"Recall{why.title()}"})
+        return MemoryContext(degraded=True, reason=f"recall did not finish within its budget ({why})")
+
+    def _search(self, user_id: str, query: str, limit: int | None, budget_s: float, strict: bool) -> MemoryContext:
+        started = time.perf_counter()
         keyword_budget = max(1, int(min(self._settings.keywords_budget_ms, budget_s * 1000 / 2)))
         words = self._keywords.keywords(user_id, query, budget_ms=keyword_budget).words
         vector = None
@@ -136,20 +179,6 @@ class Recall:
                 raise
             log.warning("recall degraded", extra={"user_id": user_id, "error_class": exc.cause or type(exc).__name__})
             context = MemoryContext(degraded=True, reason=f"store unavailable ({exc.cause or type(exc).__name__})")
-        context, dropped = self._only_own(user_id, context)
-        latency_s = time.perf_counter() - started
-        latency_ms = latency_s * 1000
-        self.counters.add(degraded=context.degraded, dropped=dropped, latency_s=latency_s)
-        audit.info(
-            "recall",
-            extra={
-                "event": "recall",
-                "user_id": user_id,
-                "episode_ids": [e.id for e in context.related_episodes],
-                "latency_ms": round(latency_ms, 2),
-                "degraded": context.degraded,
-            },
-        )
         return context
 
     def _only_own(self, user_id: str, context: MemoryContext) -> tuple[MemoryContext, int]:
