@@ -253,9 +253,10 @@ class MemoryClient:
     def forget_user(self, user_id: str) -> ForgetReport:
         """Erase everything kept about the user; idempotent. Raises if the store cannot be reached."""
         from api_stub.recall import check_user_id
+        from worker import erasure
         from worker.deadletter import DeadLetterStore
         from worker.identity import user_tag
-        from worker.keys import ERASURE_KEY_TTL_S, erasure_key, keywords_cache_pattern
+        from worker.keys import keywords_cache_pattern
 
         user_id = check_user_id(user_id)
         recall = self._recall()
@@ -265,7 +266,7 @@ class MemoryClient:
         erased_at = time.time()
         window = recall.store.mark_erased(user_id, erased_at)
         try:
-            self._redis.set(erasure_key(user_tag(user_id)), repr(erased_at), ex=ERASURE_KEY_TTL_S)
+            erasure.mark(self._redis, user_tag(user_id), erased_at)
             graph = recall.store.delete_user(user_id)
             dead_letters = DeadLetterStore(self._redis).purge_user(user_id)
             self._in_flight().purge_user(user_id, accepted_until=erased_at)

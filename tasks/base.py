@@ -13,7 +13,7 @@ from celery.exceptions import Retry
 from celery.worker.request import Request
 
 from tasks.policy import retry_delay_s
-from worker import keys
+from worker import erasure, keys
 from worker.celery_app import args_repr
 from worker.deadletter import Stage
 from worker.identity import user_tag
@@ -119,6 +119,6 @@ class StageTask(Task):  # type: ignore[misc]
 
 
 def _erased_after_acceptance(rt: Runtime, payload: dict[str, Any], user_id: str) -> bool:
-    raw = rt.redis.get(keys.erasure_key(user_tag(user_id))) if user_id else None
+    at = erasure.erased_at(rt.redis, user_tag(user_id)) if user_id else None
     accepted = payload.get("accepted_at", (payload.get("record") or {}).get("accepted_at"))
-    return raw is not None and erased_since(accepted, float(raw))
+    return at is not None and erased_since(accepted, at)

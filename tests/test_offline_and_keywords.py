@@ -156,6 +156,27 @@ def test_llm_keyword_calls_are_bounded_shared_per_query_rate_limited_and_counted
             redis_client.delete(key)
 
 
+def test_a_keyword_call_that_ends_after_the_users_erasure_caches_nothing(
+    standin: StandIn, keyword_settings: Settings, redis_client: RedisClient
+) -> None:
+    from worker import erasure
+
+    user = f"kw-{time.time_ns()}"
+    standin.default = lambda _request: Reply(content=json.dumps({"keywords": ["late"]}), delay_s=1.0)
+    extractor = KeywordExtractor(keyword_settings, redis=redis_client)
+    try:
+        assert extractor.keywords(user, "where did my sister move", budget_ms=1).llm_timed_out  # still running
+        erasure.mark(redis_client, user_tag(user), time.time())  # what forget_user writes first
+        deadline = time.monotonic() + 30
+        while extractor._calls.pending() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert standin.calls == 1  # the call did finish
+        assert list(redis_client.scan_iter(keywords_cache_pattern(user_tag(user)))) == []
+    finally:
+        extractor.close()
+        redis_client.delete(f"memory:erased:{user_tag(user)}")
+
+
 def test_keywords_without_llm_never_call_it(standin: StandIn, llm_settings: Settings) -> None:
     extractor = KeywordExtractor(llm_settings)  # llm_keywords_enabled is off by default
     assert extractor.keywords("u", "Lisbon sister").words == ["lisbon", "sister"]

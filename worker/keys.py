@@ -58,6 +58,4 @@ def erasure_key(user_tag: str) -> str:
     return f"{PREFIX}:erased:{user_tag}"
 
 
-ERASURE_KEY_TTL_S = 7 * 86_400  # longer than any message lives (retries within the visibility timeout)
-
 STATS = f"{PREFIX}:stats"  # hash of counters shared by every worker process (see worker/stats.py)

@@ -11,6 +11,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from worker import erasure
 from worker.background import BackgroundCalls
 from worker.identity import user_tag
 from worker.keys import keywords_cache
@@ -90,7 +91,8 @@ class KeywordExtractor:
         cached = self._cache_get(key)
         if cached is not None:
             return Keywords(merge(local, cached, limit), "local+cache")
-        future = self._calls.submit(key, lambda: self._ask_and_cache(key, query))
+        tag, started = user_tag(user_id), erasure.now()
+        future = self._calls.submit(key, lambda: self._ask_and_cache(key, query, tag, started))
         if future is None:  # too many calls pending already: answer without
             return Keywords(local, "local", llm_timed_out=True)
         budget_s = (budget_ms if budget_ms is not None else self._settings.keywords_budget_ms) / 1000
@@ -112,7 +114,7 @@ class KeywordExtractor:
             self._llm = build_client(self._settings, (lambda: self._redis) if self._redis is not None else None)
         return self._llm
 
-    def _ask_and_cache(self, key: str, query: str) -> list[str]:
+    def _ask_and_cache(self, key: str, query: str, tag: str, started: float) -> list[str]:
         reply = self._client().complete(
             lambda schema_in_prompt: prompt.build_messages(self._template, query, schema_in_prompt=schema_in_prompt),
             prompt.ResponseModel,
@@ -124,6 +126,8 @@ class KeywordExtractor:
         words = [w.strip() for w in answer.keywords if w.strip()]
         if self._redis is not None:
             try:
+                if erasure.erased_since(self._redis, tag, started):  # the user was erased meanwhile: keep nothing
+                    return words
                 self._redis.set(key, json.dumps(words, ensure_ascii=False), ex=self._settings.keywords_cache_ttl_s)
             except Exception as exc:  # the cache is an optimisation; recall goes on without it
                 log.warning("keyword cache write failed", extra={"error_class": type(exc).__name__})

@@ -9,6 +9,7 @@ import logging
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from worker import erasure
 from worker.background import BackgroundCalls
 from worker.identity import user_tag
 from worker.keys import query_vector_cache
@@ -38,7 +39,8 @@ class QueryEmbedder:
         cached = self._cache_get(key)
         if cached is not None:
             return cached
-        future = self._calls.submit(key, lambda: self._embed_and_cache(key, query))
+        tag, started = user_tag(user_id), erasure.now()
+        future = self._calls.submit(key, lambda: self._embed_and_cache(key, query, tag, started))
         if future is None:
             return None
         try:
@@ -54,10 +56,12 @@ class QueryEmbedder:
         material = f"{s.embedding_query_model or s.embedding_model}\x1f{query}"
         return hashlib.sha256(material.encode("utf-8")).hexdigest()[:32]
 
-    def _embed_and_cache(self, key: str, query: str) -> list[float]:
+    def _embed_and_cache(self, key: str, query: str, tag: str, started: float) -> list[float]:
         vector = Embedder(self._settings).embed([query], query=True)[0]
         if self._redis is not None:
             try:
+                if erasure.erased_since(self._redis, tag, started):  # the user was erased meanwhile: keep nothing
+                    return vector
                 self._redis.set(key, pack(vector), ex=self._settings.keywords_cache_ttl_s)
             except Exception as exc:  # the cache is an optimisation
                 log.warning("query vector cache write failed", extra={"error_class": type(exc).__name__})
