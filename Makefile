@@ -16,7 +16,7 @@ $(UV):
 	$(BOOTSTRAP)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
 install: $(UV)
-	$(UV) sync --frozen --quiet
+	$(UV) sync --frozen --quiet --compile-bytecode  # bytecode at install: imports stay fast even with PYTHONDONTWRITEBYTECODE
 
 services-up:
 	bash deploy/local/services.sh up

@@ -21,7 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 from worker.background import BackgroundCalls
 from worker.errors import QueryRejected, StoreError, StoreUnavailable
 from worker.graph.neo4j_store import Neo4jGraphStore
-from worker.keywords import KeywordExtractor
+from worker.keywords import KeywordExtractor, local_keywords
 from worker.models import Identifier, MemoryContext
 from worker.query_embedding import QueryEmbedder
 from worker.settings import Settings
@@ -122,7 +122,11 @@ class Recall:
         # The work runs in a bounded pool and the caller waits at most the budget plus a margin: a stalled
         # store or cache (a blocked socket, a pool waiting for a connection, client retries) cannot hold the
         # caller's turn; the late call ends in the background, bounded by its own timeouts.
-        future = self._calls.submit(uuid.uuid4().hex, lambda: self._search(user_id, query, limit, budget_s, strict))
+        # Local keywords are CPU work in this thread, outside the deadline (the first Chinese query loads
+        # jieba's dictionary, about a second): the deadline guards against stalled I/O, not against that.
+        local = local_keywords(query, self._settings.max_keywords)
+        search = lambda: self._search(user_id, query, limit, budget_s, strict, local)  # noqa: E731
+        future = self._calls.submit(uuid.uuid4().hex, search)
         if future is None:
             context = self._degraded(user_id, "busy", strict)  # MAX_RUNNING recalls already stuck on a store
         else:
@@ -152,10 +156,12 @@ class Recall:
         log.warning("recall degraded", extra={"user_id": user_id, "error_class": f"Recall{why.title()}"})
         return MemoryContext(degraded=True, reason=f"recall did not finish within its budget ({why})")
 
-    def _search(self, user_id: str, query: str, limit: int | None, budget_s: float, strict: bool) -> MemoryContext:
+    def _search(
+        self, user_id: str, query: str, limit: int | None, budget_s: float, strict: bool, local: list[str]
+    ) -> MemoryContext:
         started = time.perf_counter()
         keyword_budget = max(1, int(min(self._settings.keywords_budget_ms, budget_s * 1000 / 2)))
-        words = self._keywords.keywords(user_id, query, budget_ms=keyword_budget).words
+        words = self._keywords.keywords(user_id, query, budget_ms=keyword_budget, local=local).words
         vector = None
         if self._embedder.enabled:
             left_ms = (budget_s - (time.perf_counter() - started)) * 1000

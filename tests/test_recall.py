@@ -48,7 +48,9 @@ def test_recall_returns_the_users_episode_with_entities_and_relations(
 ) -> None:
     user, other = new_user("me"), new_user("other")
     wanted = seed(store, user, other)
-    context = client.retrieve_memory(user, "Where does Anna live now?")
+    # The first recall of a fresh client may meet a Neo4j restarted by an earlier test (queries planned
+    # again): this test is about what comes back, so it gives that one call room.
+    context = client.retrieve_memory(user, "Where does Anna live now?", budget_ms=20_000)
     assert not context.degraded
     assert context.related_episodes[0].id == wanted
     assert {e.user_id for e in context.related_episodes} == {user}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
 
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
 from worker.settings import Settings, get_settings
@@ -111,6 +111,21 @@ def _close_connections(**_: Any) -> None:
     shutdown_runtime()
 
 
+def _load_litellm(**_: Any) -> None:
+    """litellm takes seconds to import: a worker that will call it loads it as soon as it is ready, in the
+    background, not inside its first extractions (many threads at once, which can outlast a visibility
+    timeout and have their message handed out again)."""
+    import threading
+
+    from worker.llm.client import litellm_module
+    from worker.offline import MODEL_NAME as OFFLINE
+
+    settings = get_settings()
+    if settings.llm_model != OFFLINE or settings.embedding_model:
+        threading.Thread(target=litellm_module, name="litellm-import", daemon=True).start()
+
+
 app.on_configure.connect(_configure)
+worker_ready.connect(_load_litellm)
 worker_process_shutdown.connect(_close_connections)
 worker_shutdown.connect(_close_connections)

@@ -82,9 +82,12 @@ class KeywordExtractor:
     def llm_enabled(self) -> bool:
         return self._settings.llm_keywords_enabled and self._settings.llm_model != OFFLINE
 
-    def keywords(self, user_id: str, query: str, budget_ms: int | None = None) -> Keywords:
+    def keywords(
+        self, user_id: str, query: str, budget_ms: int | None = None, local: list[str] | None = None
+    ) -> Keywords:
+        """`local`: the query's local keywords when the caller computed them already."""
         limit = self._settings.max_keywords
-        local = local_keywords(query, limit)
+        local = local if local is not None else local_keywords(query, limit)
         if not self.llm_enabled:
             return Keywords(local, "local")
         key = keywords_cache(user_tag(user_id), self._digest(query))
