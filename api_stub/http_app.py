@@ -3,7 +3,8 @@
     POST   /v1/episodes                 202 {episode_id, task_id}    validate + enqueue, never waits for the LLM
     POST   /v1/recall                   200 MemoryContext            degraded (not an error) when a store is down
     DELETE /v1/users/{user_id}/memory   200 ForgetReport             idempotent erasure
-    GET    /healthz                     200 / 503                    no token needed; says only up or down
+    GET    /healthz                     200 / 503                    no token needed; says only up or down,
+                                                                 probes the stores at most once per 2 s
     GET    /metrics                     Prometheus text              see api_stub/metrics.py
     GET    /openapi.json, /docs         the OpenAPI document
 
@@ -30,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from api_stub.client import EpisodeReceipt, ForgetReport, MemoryClient
+from api_stub.health_probe import CachedHealth
 from api_stub.http_limits import BodySizeLimit
 from api_stub.metrics import registry
 from worker.errors import EpisodeRejected, QueryRejected, QueueFull, SettingsError, StoreError
@@ -167,9 +169,11 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
     def forget(user_id: str) -> ForgetReport:
         return memory.forget_user(user_id)
 
+    health = CachedHealth(memory.health)  # open to anyone: at most one probe of the stores per 2 s
+
     @app.get("/healthz")
     def healthz() -> JSONResponse:
-        checks: dict[str, Any] = memory.health()
+        checks: dict[str, Any] = health()
         ok = all(checks.values())
         return JSONResponse({"status": "ok" if ok else "unavailable", **checks}, status_code=200 if ok else 503)
 

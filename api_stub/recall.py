@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 from bisect import bisect_left
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,7 +33,6 @@ audit = logging.getLogger("memory.audit")
 
 
 DEADLINE_MARGIN_S = 0.05  # what a caller may wait beyond its budget (thread hand-off, result checks)
-MAX_RUNNING = 16  # recalls in flight per process; more (all stuck on a stalled store) answer degraded at once
 
 LATENCY_BUCKETS_S = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -102,7 +102,8 @@ class Recall:
         self._keywords = keywords
         self._embedder = embedder or QueryEmbedder(settings)
         self.counters = RecallCounters()
-        self._calls: BackgroundCalls[MemoryContext] = BackgroundCalls("recall", MAX_RUNNING, MAX_RUNNING)
+        running = settings.recall_concurrency
+        self._calls: BackgroundCalls[MemoryContext] = BackgroundCalls("recall", running, running)
 
     def close(self) -> None:
         self._calls.close()
@@ -119,24 +120,13 @@ class Recall:
             raise QueryRejected("must be between 1 and 100", "limit")
         started = time.perf_counter()
         budget_s = (budget_ms if budget_ms is not None else self._settings.recall_budget_ms) / 1000
-        # The work runs in a bounded pool and the caller waits at most the budget plus a margin: a stalled
-        # store or cache (a blocked socket, a pool waiting for a connection, client retries) cannot hold the
-        # caller's turn; the late call ends in the background, bounded by its own timeouts.
-        # Local keywords are CPU work in this thread, outside the deadline (the first Chinese query loads
-        # jieba's dictionary, about a second): the deadline guards against stalled I/O, not against that.
-        local = local_keywords(query, self._settings.max_keywords)
-        search = lambda: self._search(user_id, query, limit, budget_s, strict, local)  # noqa: E731
-        future = self._calls.submit(uuid.uuid4().hex, search)
-        if future is None:
-            context = self._degraded(user_id, "busy", strict)  # MAX_RUNNING recalls already stuck on a store
-        else:
-            try:
-                context = future.result(timeout=budget_s + DEADLINE_MARGIN_S)
-            except FutureTimeout:
-                context = self._degraded(user_id, "timeout", strict)
+        try:
+            context = self._within_budget(user_id, query, limit, budget_s, strict, started)
+        except StoreError:  # strict only
+            self.counters.add(degraded=True, dropped=0, latency_s=time.perf_counter() - started)
+            raise
         context, dropped = self._only_own(user_id, context)
         latency_s = time.perf_counter() - started
-        latency_ms = latency_s * 1000
         self.counters.add(degraded=context.degraded, dropped=dropped, latency_s=latency_s)
         audit.info(
             "recall",
@@ -144,11 +134,39 @@ class Recall:
                 "event": "recall",
                 "user_id": user_id,
                 "episode_ids": [e.id for e in context.related_episodes],
-                "latency_ms": round(latency_ms, 2),
+                "latency_ms": round(latency_s * 1000, 2),
                 "degraded": context.degraded,
             },
         )
         return context
+
+    def _within_budget(
+        self, user_id: str, query: str, limit: int | None, budget_s: float, strict: bool, started: float
+    ) -> MemoryContext:
+        """The work runs in a bounded pool and the caller waits at most the budget plus a margin, for a free
+        slot and then for the answer: a stalled store or cache (a blocked socket, a pool waiting for a
+        connection, client retries) cannot hold the caller's turn; the late call ends in the background,
+        bounded by its own timeouts. Local keywords are CPU work in this thread, before the deadline (the
+        first Chinese query loads jieba's dictionary, about a second): the deadline guards against stalled
+        I/O, not against that."""
+        local = local_keywords(query, self._settings.max_keywords)
+        deadline = started + budget_s + DEADLINE_MARGIN_S
+        search = lambda: self._search(user_id, query, limit, budget_s, strict, local)  # noqa: E731
+        future = self._calls.submit(uuid.uuid4().hex, search, wait_s=max(0.0, deadline - time.perf_counter()))
+        if future is None:  # every slot held for the whole budget (recalls stuck on a stalled store)
+            return self._degraded(user_id, "busy", strict)
+        try:
+            return future.result(timeout=max(0.0, deadline - time.perf_counter()))
+        except FutureTimeout:
+            future.add_done_callback(_log_late_failure)
+            return self._degraded(user_id, "timeout", strict)
+        except StoreError:
+            raise  # strict: _search degrades by itself otherwise
+        except Exception as exc:  # a bug or a corrupt cache entry must not break the caller's turn either
+            if strict:
+                raise StoreUnavailable(f"recall failed ({type(exc).__name__})", cause=type(exc).__name__) from exc
+            log.error("recall failed", extra={"user_id": user_id, "error_class": type(exc).__name__})
+            return MemoryContext(degraded=True, reason=f"recall failed ({type(exc).__name__})")
 
     def _degraded(self, user_id: str, why: str, strict: bool) -> MemoryContext:
         if strict:
@@ -208,3 +226,9 @@ class Recall:
                 update={"related_episodes": episodes, "related_entities": entities, "related_relations": relations}
             )
         return context, dropped
+
+
+def _log_late_failure(future: Future[MemoryContext]) -> None:
+    """A recall the caller stopped waiting for: its failure is nobody's answer, but it is logged."""
+    if not future.cancelled() and (exc := future.exception()) is not None:
+        log.warning("late recall failed", extra={"error_class": type(exc).__name__})

@@ -15,7 +15,7 @@ from celery.worker.request import Request
 from tasks.policy import retry_delay_s
 from worker import erasure, keys
 from worker.celery_app import args_repr
-from worker.deadletter import Stage
+from worker.deadletter import Stage, record_id
 from worker.identity import user_tag
 from worker.runtime import Runtime, runtime
 from worker.sessions import erased_since
@@ -93,10 +93,7 @@ class StageTask(Task):  # type: ignore[misc]
         episode_id = _episode_id(payload)
         user_id = payload.get("user_id") or (payload.get("episode") or {}).get("user_id", "")
         if _erased_after_acceptance(rt, payload, user_id):  # no dead letter keeps an erased user's text
-            rt.redis.delete(delivery_key)
-            rt.inflight.done(episode_id)
-            log.warning("erased user's episode dropped", extra={"stage": self.stage, "episode_id": episode_id})
-            return {"episode_id": episode_id, "user_id": user_id, "status": "forgotten"}
+            return self._forgotten(rt, episode_id, user_id, delivery_key)
         rt.dead_letters.add(
             stage=self.stage,
             task_name=self.name,
@@ -109,6 +106,9 @@ class StageTask(Task):  # type: ignore[misc]
             traceback=trace,
             attempts=(self.request.retries or 0) + 1,
         )
+        if _erased_after_acceptance(rt, payload, user_id):  # erased while the record was written: the
+            rt.dead_letters.remove(record_id(self.stage, episode_id))  # erasure's purge may have run before it
+            return self._forgotten(rt, episode_id, user_id, delivery_key)
         rt.redis.delete(delivery_key)
         rt.inflight.done(episode_id)  # the dead-letter store holds it now
         log.error(
@@ -116,6 +116,12 @@ class StageTask(Task):  # type: ignore[misc]
             extra={"stage": self.stage, "episode_id": episode_id, "error_class": error_class},
         )
         return {"episode_id": episode_id, "user_id": user_id, "status": "dead_lettered"}
+
+    def _forgotten(self, rt: Runtime, episode_id: str, user_id: str, delivery_key: str) -> dict[str, Any]:
+        rt.redis.delete(delivery_key)
+        rt.inflight.done(episode_id)
+        log.warning("erased user's episode dropped", extra={"stage": self.stage, "episode_id": episode_id})
+        return {"episode_id": episode_id, "user_id": user_id, "status": "forgotten"}
 
 
 def _erased_after_acceptance(rt: Runtime, payload: dict[str, Any], user_id: str) -> bool:

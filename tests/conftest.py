@@ -74,6 +74,14 @@ def standin_slow_settings(llm_settings: Settings) -> Settings:
 
 
 @pytest.fixture
+def redis_client(settings: Settings) -> Iterator[RedisClient]:
+    """The test's own connection to the services' Redis, left as it is."""
+    client = redis.Redis.from_url(settings.redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
 def clean_redis(settings: Settings) -> Iterator[RedisClient]:
     """An empty Redis (queues, dead letters, results) before and after the test."""
     client = redis.Redis.from_url(settings.redis_url)

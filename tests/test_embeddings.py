@@ -4,6 +4,7 @@ and what meaning adds where no word is shared."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -123,3 +124,27 @@ def test_recall_does_not_wait_past_the_embedding_budget_and_erasure_drops_cached
         assert list(clean_redis.scan_iter(keywords_cache_pattern(user_tag(user)))) == []
     finally:
         client.close()
+
+
+def test_a_query_embedding_that_ends_after_the_users_erasure_caches_nothing(
+    emb_settings: Settings, redis_client: RedisClient
+) -> None:
+    from worker import erasure
+
+    user = f"emb-late-{uuid.uuid4().hex[:8]}"
+    embedder = QueryEmbedder(emb_settings, redis=redis_client)
+    try:
+        assert embedder.vector(user, "a query still being embedded " + uuid.uuid4().hex, budget_ms=1) is None
+        erasure.mark(redis_client, user_tag(user), time.time())  # what forget_user writes first
+        deadline = time.monotonic() + 60
+        while embedder._calls.pending() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert embedder._calls.pending() == 0  # the call did finish
+        assert list(redis_client.scan_iter(keywords_cache_pattern(user_tag(user)))) == []
+        later = embedder.vector(user, "asked after the erasure", budget_ms=30_000)
+        assert later is not None and list(redis_client.scan_iter(keywords_cache_pattern(user_tag(user))))
+    finally:
+        embedder.close()
+        for key in redis_client.scan_iter(keywords_cache_pattern(user_tag(user))):
+            redis_client.delete(key)
+        redis_client.delete(f"memory:erased:{user_tag(user)}")

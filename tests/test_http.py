@@ -18,6 +18,7 @@ from worker.keys import EXTRACT_QUEUE, INFLIGHT_INDEX
 NewUser = Callable[[str], str]
 TOKEN = "test-token-5f1c-0a9e77"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+HEALTH_TTL_S = 2.0  # api_stub/health_probe.py's default
 
 
 @pytest.fixture
@@ -214,7 +215,10 @@ def test_healthz_says_unavailable_when_neo4j_is_down(server: ServerProcess, neo4
     from tests.services import services
 
     services("down", "neo4j")
-    answer = httpx.get(server.url + "/healthz", timeout=10)
+    deadline = time.monotonic() + 3 * HEALTH_TTL_S  # an answer taken before the stop may be served for 2 s
+    while (answer := httpx.get(server.url + "/healthz", timeout=10)).status_code == 200:
+        assert time.monotonic() < deadline, "healthz still says ok well after Neo4j stopped"
+        time.sleep(0.2)
     assert answer.status_code == 503
     assert answer.json() == {"status": "unavailable", "redis": True, "neo4j": False}
     degraded = httpx.post(server.url + "/v1/recall", json={"user_id": "u", "query": "hello"}, headers=AUTH, timeout=10)
@@ -223,3 +227,20 @@ def test_healthz_says_unavailable_when_neo4j_is_down(server: ServerProcess, neo4
         server.url + "/v1/recall", json={"user_id": "u", "query": "hello", "strict": True}, headers=AUTH, timeout=10
     )
     assert strict.status_code == 503 and strict.json()["error"] == "unavailable"
+
+
+def test_a_flood_of_anonymous_healthz_requests_costs_the_stores_one_probe_per_interval(
+    server: ServerProcess, redis_client: RedisClient
+) -> None:
+    def pings() -> int:
+        stats = redis_client.info("commandstats")
+        return int(stats.get("cmdstat_ping", {}).get("calls", 0))
+
+    before, started = pings(), time.monotonic()
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        answers = [http.get("/healthz") for _ in range(300)]
+    elapsed = time.monotonic() - started
+    assert all(a.status_code == 200 and a.json()["status"] == "ok" for a in answers)
+    probes_allowed = int(elapsed / HEALTH_TTL_S) + 2  # one per interval, plus one at each edge
+    other_pings = 3  # redis-py health checks of the server's and the test's own connections
+    assert pings() - before <= probes_allowed + other_pings, (pings() - before, elapsed)

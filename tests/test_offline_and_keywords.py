@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-import redis
 
 from tests.llm_standin import Reply, StandIn, answer
 from tests.services import RedisClient
@@ -81,11 +80,6 @@ def test_keywords_are_capped_and_fall_back_to_the_query() -> None:
     assert len(local_keywords("alpha beta gamma delta epsilon zeta eta theta iota", 3)) == 3
     assert local_keywords("what is it?", 8) == ["what is it?"]
     assert local_keywords("  ?!  ", 8) == ["?!"]
-
-
-@pytest.fixture
-def redis_client(settings: Settings) -> RedisClient:
-    return redis.Redis.from_url(settings.redis_url)
 
 
 @pytest.fixture
@@ -181,3 +175,24 @@ def test_keywords_without_llm_never_call_it(standin: StandIn, llm_settings: Sett
     extractor = KeywordExtractor(llm_settings)  # llm_keywords_enabled is off by default
     assert extractor.keywords("u", "Lisbon sister").words == ["lisbon", "sister"]
     assert standin.calls == 0
+
+
+def test_a_cache_write_is_kept_only_when_no_erasure_began_after_its_call(redis_client: RedisClient) -> None:
+    """The check and the write are one step in Redis: a late write cannot slip between an erasure's mark
+    and its cleanup scan (which starts after the mark and deletes what was written before it)."""
+    from worker import erasure
+
+    tag, key = user_tag(f"cache-{time.time_ns()}"), f"memory:test:cache:{time.time_ns()}"
+    try:
+        started = time.time()
+        assert erasure.set_unless_erased(redis_client, tag, started, key, "v1", 60)  # no erasure at all
+        assert redis_client.get(key) == b"v1"
+        erasure.mark(redis_client, tag, started - 10)  # an erasure before the call began: still kept
+        assert erasure.set_unless_erased(redis_client, tag, started, key, "v2", 60)
+        assert redis_client.get(key) == b"v2" and 0 < redis_client.ttl(key) <= 60
+        redis_client.delete(key)
+        erasure.mark(redis_client, tag, started + 0.001)  # an erasure after the call began: nothing kept
+        assert not erasure.set_unless_erased(redis_client, tag, started, key, "v3", 60)
+        assert redis_client.get(key) is None
+    finally:
+        redis_client.delete(key, f"memory:erased:{tag}")

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
@@ -78,5 +79,30 @@ def test_a_stalled_redis_gives_a_degraded_answer_within_the_budget(
             context, took = timed(lambda: client.retrieve_memory(user, "Lisbon", budget_ms=500))
             assert took < 0.5 + MARGIN_S, took
             assert context.degraded  # type: ignore[attr-defined]
+    finally:
+        client.close()
+
+
+def test_recalls_beyond_the_concurrency_wait_for_a_slot_and_stuck_ones_cannot_starve_the_rest_forever(
+    settings: Settings, store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("recall-slots")
+    store.save_episode(record(user, "my sister Anna lives in Lisbon"), entities("Anna"), [])
+    client = MemoryClient(settings.model_copy(update={"recall_concurrency": 2}))
+    try:
+        assert not client.retrieve_memory(user, "Lisbon", budget_ms=20_000).degraded  # connections made
+        # Healthy stores: eight callers at once on two slots all get a real answer (they queue, within budget).
+        with ThreadPoolExecutor(max_workers=8) as callers:
+            answers = list(callers.map(lambda _: client.retrieve_memory(user, "Lisbon", budget_ms=10_000), range(8)))
+        assert [a.degraded for a in answers] == [False] * 8
+        assert all(a.related_episodes for a in answers)
+        # Both slots held by recalls stuck on a frozen Neo4j: a third caller answers degraded in its budget.
+        with frozen("neo4j/launcher.pid"), ThreadPoolExecutor(max_workers=2) as stuck:
+            for _ in range(2):
+                stuck.submit(client.retrieve_memory, user, "Lisbon", budget_ms=3_000)
+            time.sleep(0.3)
+            context, took = timed(lambda: client.retrieve_memory(user, "Lisbon", budget_ms=500))
+            assert took < 0.5 + MARGIN_S, took
+            assert context.degraded and "busy" in (context.reason or "")  # type: ignore[attr-defined]
     finally:
         client.close()

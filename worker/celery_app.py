@@ -5,6 +5,7 @@ Configuration is read from the settings when Celery first needs it (on_configure
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
@@ -12,6 +13,8 @@ from celery.signals import worker_process_shutdown, worker_ready, worker_shutdow
 
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
 from worker.settings import Settings, get_settings
+
+log = logging.getLogger("memory.worker")
 
 EXTRACT_TASK = "memory.extract_episode"
 PERSIST_TASK = "memory.persist_episode"
@@ -111,18 +114,29 @@ def _close_connections(**_: Any) -> None:
     shutdown_runtime()
 
 
-def _load_litellm(**_: Any) -> None:
-    """litellm takes seconds to import: a worker that will call it loads it as soon as it is ready, in the
-    background, not inside its first extractions (many threads at once, which can outlast a visibility
-    timeout and have their message handed out again)."""
+def _load_litellm(sender: Any = None, **_: Any) -> None:
+    """litellm takes seconds to import: a worker that will call it (it consumes the extract queue, with a
+    real model or embeddings) loads it as soon as it is ready, in the background, not inside its first
+    extractions (many threads at once, which can outlast a visibility timeout and have their message handed
+    out again). A persist-only worker never loads it."""
     import threading
 
-    from worker.llm.client import litellm_module
     from worker.offline import MODEL_NAME as OFFLINE
 
     settings = get_settings()
-    if settings.llm_model != OFFLINE or settings.embedding_model:
-        threading.Thread(target=litellm_module, name="litellm-import", daemon=True).start()
+    consumer = getattr(sender, "task_consumer", None)
+    queues = {q.name for q in getattr(consumer, "queues", [])} if consumer is not None else {EXTRACT_QUEUE}
+    if EXTRACT_QUEUE in queues and (settings.llm_model != OFFLINE or settings.embedding_model):
+        threading.Thread(target=_import_litellm, name="litellm-import", daemon=True).start()
+
+
+def _import_litellm() -> None:
+    from worker.llm.client import litellm_module
+
+    try:
+        litellm_module()
+    except Exception as exc:  # each extraction imports it again and fails (and retries) on its own
+        log.error("litellm import failed", extra={"error_class": type(exc).__name__})
 
 
 app.on_configure.connect(_configure)

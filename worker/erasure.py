@@ -28,5 +28,21 @@ def erased_since(redis: Any, tag: str, started_at: float) -> bool:
     return at is not None and at >= started_at
 
 
+# Check and write in one step: a write checked before an erasure's mark and landing after its cleanup scan
+# would otherwise keep the user's data. With the script, a write either lands before the mark (and the scan,
+# which starts after the mark, finds and deletes it) or sees the mark and writes nothing.
+_SET_UNLESS_ERASED = """
+local at = redis.call('GET', KEYS[1])
+if at and tonumber(at) >= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+
+
+def set_unless_erased(redis: Any, tag: str, started_at: float, key: str, value: str, ttl_s: int) -> bool:
+    """SET key value EX ttl_s unless the user was erased after `started_at`; True when written."""
+    return bool(redis.eval(_SET_UNLESS_ERASED, 2, keys.erasure_key(tag), key, repr(started_at), value, ttl_s))
+
+
 def now() -> float:
     return time.time()

@@ -129,9 +129,8 @@ class KeywordExtractor:
         words = [w.strip() for w in answer.keywords if w.strip()]
         if self._redis is not None:
             try:
-                if erasure.erased_since(self._redis, tag, started):  # the user was erased meanwhile: keep nothing
-                    return words
-                self._redis.set(key, json.dumps(words, ensure_ascii=False), ex=self._settings.keywords_cache_ttl_s)
+                value, ttl_s = json.dumps(words, ensure_ascii=False), self._settings.keywords_cache_ttl_s
+                erasure.set_unless_erased(self._redis, tag, started, key, value, ttl_s)  # erased meanwhile: nothing
             except Exception as exc:  # the cache is an optimisation; recall goes on without it
                 log.warning("keyword cache write failed", extra={"error_class": type(exc).__name__})
         return words
@@ -141,10 +140,10 @@ class KeywordExtractor:
             return None
         try:
             raw = self._redis.get(key)
-        except Exception as exc:
+            return None if raw is None else [str(w) for w in json.loads(raw)]
+        except Exception as exc:  # unreachable or unreadable: ask again
             log.warning("keyword cache read failed", extra={"error_class": type(exc).__name__})
             return None
-        return None if raw is None else list(json.loads(raw))
 
     def close(self) -> None:
         self._calls.close()

@@ -60,9 +60,8 @@ class QueryEmbedder:
         vector = Embedder(self._settings).embed([query], query=True)[0]
         if self._redis is not None:
             try:
-                if erasure.erased_since(self._redis, tag, started):  # the user was erased meanwhile: keep nothing
-                    return vector
-                self._redis.set(key, pack(vector), ex=self._settings.keywords_cache_ttl_s)
+                ttl_s = self._settings.keywords_cache_ttl_s
+                erasure.set_unless_erased(self._redis, tag, started, key, pack(vector), ttl_s)  # erased: nothing
             except Exception as exc:  # the cache is an optimisation
                 log.warning("query vector cache write failed", extra={"error_class": type(exc).__name__})
         return vector
@@ -72,10 +71,10 @@ class QueryEmbedder:
             return None
         try:
             raw = self._redis.get(key)
-        except Exception as exc:
+            return None if raw is None else unpack(raw.decode("ascii") if isinstance(raw, bytes) else raw)
+        except Exception as exc:  # unreachable or unreadable: embed again
             log.warning("query vector cache read failed", extra={"error_class": type(exc).__name__})
             return None
-        return None if raw is None else unpack(raw.decode("ascii") if isinstance(raw, bytes) else raw)
 
     def close(self) -> None:
         self._calls.close()

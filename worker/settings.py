@@ -138,6 +138,12 @@ class Settings(BaseSettings):
     recall_budget_ms: int = Field(
         1000, ge=10, le=60_000, description="Time recall may take before it answers (degraded if need be)."
     )
+    recall_concurrency: int = Field(
+        64,
+        ge=1,
+        le=4_096,
+        description="Recalls one process runs at once; more wait for a slot within their budget.",
+    )
     max_query_chars: int = Field(8_000, ge=1, le=1_000_000, description="Most characters in a recall query.")
     store_content: bool = Field(
         True, description="Keep the conversation text on the episode (off: only the summary is stored)."
