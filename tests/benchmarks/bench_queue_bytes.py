@@ -27,7 +27,7 @@ from api_stub.client import MemoryClient
 from tests.benchmarks.common import write_results
 from tests.locomo import dataset_dir, load_conversations
 from tests.relevance import load_dataset
-from tests.services import load_services_env
+from tests.services import RedisClient, load_services_env
 from tests.workers import WorkerProcess, worker_env
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
@@ -54,7 +54,7 @@ def chinese() -> list[Conversation]:
     return [[turns[(i + j) % len(turns)] for j in range(per_episode)] for i in range(EPISODES)]
 
 
-def families(r: redis.Redis) -> dict[str, int]:
+def families(r: RedisClient) -> dict[str, int]:
     """MEMORY USAGE summed by key family (the part of a key before its last ':' or the queue name)."""
     sizes: dict[str, int] = defaultdict(int)
     for key in r.scan_iter(count=1000):
@@ -66,7 +66,7 @@ def families(r: redis.Redis) -> dict[str, int]:
     return dict(sizes)
 
 
-def used(r: redis.Redis) -> int:
+def used(r: RedisClient) -> int:
     return int(r.info("memory")["used_memory"])
 
 
