@@ -42,6 +42,7 @@ bench: install services-up
 	$(VENV)/bin/python -m tests.benchmarks.bench_locomo
 	$(VENV)/bin/python -m tests.benchmarks.bench_ingest
 	$(VENV)/bin/python -m tests.benchmarks.bench_queue_bytes
+	$(VENV)/bin/python -m tests.benchmarks.bench_crash_recovery
 
 demo: install services-up
 	$(VENV)/bin/python deploy/demo/run_demo.py

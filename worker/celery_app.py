@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
+from celery.signals import task_received, worker_process_shutdown, worker_ready, worker_shutdown
 
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
 from worker.settings import Settings, get_settings
@@ -109,9 +109,29 @@ def _configure(sender: Celery, **_: Any) -> None:
 
 
 def _close_connections(**_: Any) -> None:
+    from worker.liveness import stop_current
     from worker.runtime import shutdown_runtime
 
+    stop_current()
     shutdown_runtime()
+
+
+def _announce(**_: Any) -> None:
+    """Start this worker's heartbeat as soon as it is ready (worker/liveness.py)."""
+    from worker.liveness import current
+
+    settings = get_settings()
+    current(settings.redis_url, settings.worker_dead_after_s)
+
+
+def _note_received(request: Any = None, **_: Any) -> None:
+    """Every message this worker receives (a retry waiting for its countdown too) is noted as held by it."""
+    from worker.liveness import current
+
+    tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+    if tag:
+        settings = get_settings()
+        current(settings.redis_url, settings.worker_dead_after_s).hold(str(tag))
 
 
 def _load_litellm(sender: Any = None, **_: Any) -> None:
@@ -140,6 +160,8 @@ def _import_litellm() -> None:
 
 
 app.on_configure.connect(_configure)
+worker_ready.connect(_announce)
 worker_ready.connect(_load_litellm)
+task_received.connect(_note_received)
 worker_process_shutdown.connect(_close_connections)
 worker_shutdown.connect(_close_connections)

@@ -58,8 +58,10 @@ def worker(extract_concurrency: int, persist_concurrency: int, queues: str, logl
 
     client = MemoryClient(settings)
 
+    redis = _redis(settings)
+
     def sweep() -> int:
-        return int(client._in_flight().sweep(settings.silent_episode_s, client.republish))
+        return _sweep(client, redis, settings, settings.silent_episode_s)
 
     children = [Child(q, concurrency[q], loglevel) for q in wanted]
     sys.exit(supervise(children, sweep, settings.sweep_interval_s, settings.shutdown_grace_s))
@@ -216,14 +218,23 @@ def dlq_purge(record_ids: tuple[str, ...], purge_all: bool, older_than: str | No
 @main.command()
 @click.option("--silent-for", "silent_for_s", type=float, default=None, help="Seconds (default from settings).")
 def sweep(silent_for_s: float | None) -> None:
-    """Re-enqueue accepted episodes that went silent (a message lost by the broker). `memctl worker` runs
-    this every MEMORY_SWEEP_INTERVAL_S."""
+    """Give back what lost workers held and re-enqueue accepted episodes that went silent (a message lost by
+    the broker). `memctl worker` runs this every MEMORY_SWEEP_INTERVAL_S."""
     from api_stub.client import MemoryClient
 
     settings = _settings()
     client = MemoryClient(settings)
-    found = client._in_flight().sweep(silent_for_s or settings.silent_episode_s, client.republish)
+    found = _sweep(client, _redis(settings), settings, silent_for_s or settings.silent_episode_s)
     click.echo(f"re-enqueued {found}")
+
+
+def _sweep(client: Any, redis: Any, settings: Settings, silent_for_s: float) -> int:
+    """First the messages lost workers held (back to their queues, broker busy or not), then, with the
+    broker idle, accepted episodes that no message carries any more."""
+    from worker.liveness import kombu_restore, restore_orphans
+
+    restored = restore_orphans(redis, kombu_restore(client._celery()), settings.worker_dead_after_s)
+    return restored + int(client._in_flight().sweep(silent_for_s, client.republish))
 
 
 @main.command()

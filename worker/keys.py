@@ -14,6 +14,8 @@ INFLIGHT_INDEX = f"{PREFIX}:inflight"  # sorted set: episode id → last sign of
 INFLIGHT_PAYLOADS = f"{PREFIX}:inflight:payloads"  # hash: episode id → {"user_id", "payload"}
 INFLIGHT_SWEEP_LOCK = f"{PREFIX}:inflight:sweep-lock"
 KOMBU_UNACKED = "unacked"  # kombu's hash of messages delivered to a worker and not acknowledged yet
+KOMBU_UNACKED_INDEX = "unacked_index"  # kombu's sorted set: delivery tag → when it was delivered
+WORKERS = f"{PREFIX}:workers"  # set of worker process ids that announced themselves (worker/liveness.py)
 
 DLQ_INDEX = f"{PREFIX}:dlq:index"  # sorted set: record id → first failure time
 
@@ -59,3 +61,13 @@ def erasure_key(user_tag: str) -> str:
 
 
 STATS = f"{PREFIX}:stats"  # hash of counters shared by every worker process (see worker/stats.py)
+
+
+def worker_alive(holder: str) -> str:
+    """A worker process's liveness key, renewed every few seconds, expiring when it stops renewing."""
+    return f"{PREFIX}:worker:alive:{holder}"
+
+
+def worker_held(holder: str) -> str:
+    """Set of the delivery tags a worker process holds (received, not acknowledged)."""
+    return f"{PREFIX}:worker:held:{holder}"

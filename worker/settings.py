@@ -126,7 +126,16 @@ class Settings(BaseSettings):
         10, ge=1, le=1000, description="kombu: only every Nth sweep scans Redis (1: every sweep)."
     )
     sweep_interval_s: int = Field(
-        60, ge=1, le=86_400, description="How often `memctl worker` looks for accepted episodes gone silent."
+        15,
+        ge=1,
+        le=86_400,
+        description="How often `memctl worker` looks for episodes gone silent and messages of lost workers.",
+    )
+    worker_dead_after_s: int = Field(
+        30,
+        ge=10,
+        le=3_600,
+        description="A worker silent this long (heartbeat every 5 s) is taken for lost: its messages go back.",
     )
     sweep_grace_s: int = Field(
         60, ge=0, le=86_400, description="With the broker idle, an episode silent this long counts as lost."

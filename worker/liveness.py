@@ -1,0 +1,169 @@
+"""Which worker holds which unacknowledged message, so that what a crashed worker held comes back in seconds,
+not at the broker's visibility timeout (an hour by default).
+
+kombu's Redis transport keeps every message a worker received and has not acknowledged in the `unacked` hash
+(and its time in `unacked_index`); it hands such a message out again only after the visibility timeout, which
+must outlast the longest retry countdown, so it is long. Here each Celery worker process:
+- notes the delivery tag of every message it receives (`task_received`, retries waiting for their countdown
+  included) in a set of its own, `memory:worker:held:<holder>`;
+- every HEARTBEAT_S renews its liveness key `memory:worker:alive:<holder>` (expiry: the dead-after setting,
+  kept by Redis, so clocks do not matter) and re-writes the set from what it still holds (a tag no longer
+  in `unacked` was acknowledged).
+
+The sweep (`memctl worker`, every MEMORY_SWEEP_INTERVAL_S) then moves back to its queue, with kombu's own
+restore, every unacknowledged message older than the dead-after time that no live worker holds: the
+original message, with its retry count and countdown, taken out of `unacked` in the same transaction, so it
+cannot also come back at the visibility timeout. A message received by a live worker is in its set within
+milliseconds; the age condition covers that instant. Stages are idempotent, so a worker wrongly taken for
+dead (a pause longer than the dead-after time) costs a second run of a stage, never a double count.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from worker import keys
+
+log = logging.getLogger("memory.liveness")
+
+HEARTBEAT_S = 5.0
+HELD_TTL_S = 86_400  # a set outlives its worker only until the sweep clears it, or a day
+
+
+class Holder:
+    """One worker process's side: its id, the tags it holds, its heartbeat."""
+
+    def __init__(self, redis: Any, dead_after_s: int) -> None:
+        self.id = f"{socket.gethostname()}:{uuid.uuid4().hex[:12]}"
+        self._redis = redis
+        self._dead_after_s = dead_after_s
+        self._tags: set[str] = set()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, tag: str) -> None:
+        with self._lock:
+            self._tags.add(tag)
+        try:
+            self._redis.sadd(keys.worker_held(self.id), tag)
+        except Exception as exc:  # the next beat writes it
+            log.warning("held tag not recorded", extra={"error_class": type(exc).__name__})
+
+    def beat(self) -> None:
+        with self._lock:
+            tags = sorted(self._tags)
+        check = self._redis.pipeline(transaction=False)
+        for tag in tags:
+            check.hexists(keys.KOMBU_UNACKED, tag)
+        gone = [tag for tag, present in zip(tags, check.execute(), strict=True) if not present]
+        with self._lock:
+            self._tags.difference_update(gone)
+            held = sorted(self._tags)
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.set(keys.worker_alive(self.id), "1", ex=self._dead_after_s)
+        pipe.sadd(keys.WORKERS, self.id)
+        if gone:
+            pipe.srem(keys.worker_held(self.id), *gone)
+        if held:
+            pipe.sadd(keys.worker_held(self.id), *held)
+        pipe.expire(keys.worker_held(self.id), HELD_TTL_S)
+        pipe.execute()
+
+    def start(self) -> None:
+        self.beat()
+        self._thread = threading.Thread(target=self._run, name="memory-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(HEARTBEAT_S):
+            try:
+                self.beat()
+            except Exception as exc:  # Redis away for a moment: the next beat tries again
+                log.warning("heartbeat failed", extra={"error_class": type(exc).__name__})
+
+    def stop(self) -> None:
+        """A clean exit: kombu gives back what this worker held when it closes its channel."""
+        self._stopped.set()
+        try:
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.delete(keys.worker_alive(self.id), keys.worker_held(self.id))
+            pipe.srem(keys.WORKERS, self.id)
+            pipe.execute()
+        except Exception as exc:
+            log.warning("heartbeat not withdrawn", extra={"error_class": type(exc).__name__})
+
+
+def orphans(redis: Any, older_than_s: float, limit: int = 1000) -> tuple[list[str], list[str]]:
+    """(unacknowledged tags older than older_than_s that no live worker holds, holders no longer alive)."""
+    holders = sorted(h.decode() if isinstance(h, bytes) else h for h in redis.smembers(keys.WORKERS))
+    alive_check = redis.pipeline(transaction=False)
+    for holder in holders:
+        alive_check.exists(keys.worker_alive(holder))
+    alive = [h for h, up in zip(holders, alive_check.execute(), strict=True) if up]
+    dead = [h for h in holders if h not in alive]
+    held: set[str] = set()
+    if alive:
+        for tag in redis.sunion([keys.worker_held(h) for h in alive]):
+            held.add(tag.decode() if isinstance(tag, bytes) else tag)
+    old = redis.zrangebyscore(keys.KOMBU_UNACKED_INDEX, "-inf", time.time() - older_than_s, start=0, num=limit)
+    tags = [t.decode() if isinstance(t, bytes) else t for t in old]
+    return [t for t in tags if t not in held], dead
+
+
+def restore_orphans(redis: Any, restore: Callable[[list[str]], None], dead_after_s: float) -> int:
+    """Move back to their queues the messages no live worker holds; forget dead workers. Returns how many."""
+    tags, dead = orphans(redis, dead_after_s)
+    if tags:
+        restore(tags)
+        log.warning("restored messages of lost workers", extra={"count": len(tags), "dead_workers": len(dead)})
+    if dead:
+        pipe = redis.pipeline(transaction=True)
+        pipe.srem(keys.WORKERS, *dead)
+        pipe.delete(*[keys.worker_held(h) for h in dead])
+        pipe.execute()
+    return len(tags)
+
+
+def kombu_restore(app: Any) -> Callable[[list[str]], None]:
+    """Restore with kombu's own code (the same as at the visibility timeout): one transaction per tag takes
+    the message out of `unacked` and pushes it back to its queue, at the end served first."""
+
+    def restore(tags: list[str]) -> None:
+        with app.connection_for_write() as connection:
+            qos = connection.default_channel.qos
+            for tag in tags:
+                qos.restore_by_tag(tag)
+
+    return restore
+
+
+_lock = threading.Lock()
+_current: Holder | None = None
+
+
+def current(redis_url: str, dead_after_s: int) -> Holder:
+    """This worker process's holder, created (and its heartbeat started) on first use."""
+    global _current
+    with _lock:
+        if _current is None:
+            from redis import Redis
+
+            holder = Holder(Redis.from_url(redis_url, socket_timeout=5), dead_after_s)
+            holder.start()
+            _current = holder
+        return _current
+
+
+def stop_current() -> None:
+    global _current
+    with _lock:
+        if _current is not None:
+            _current.stop()
+        _current = None
