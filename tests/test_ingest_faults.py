@@ -90,7 +90,8 @@ def test_neo4j_outage_retries_only_persist(
     receipts = client.add_episodes(items)
     wait_until(lambda: clean_redis.llen(PERSIST_QUEUE) == 20, 60, "all extractions")
     services("down", "neo4j")
-    workers("--queues", PERSIST_QUEUE, **stand_in_env(standin))
+    # Retries must outlast a Neo4j restart on a loaded 2-core machine (can take over 30 s): about 2 minutes.
+    workers("--queues", PERSIST_QUEUE, MEMORY_RETRY_MAX_ATTEMPTS="60", **stand_in_env(standin))
     time.sleep(4)  # persist attempts fail and back off meanwhile
     services("up", "neo4j")
     states = client.wait(receipts, timeout_s=120)

@@ -71,3 +71,8 @@ def worker_alive(holder: str) -> str:
 def worker_held(holder: str) -> str:
     """Set of the delivery tags a worker process holds (received, not acknowledged)."""
     return f"{PREFIX}:worker:held:{holder}"
+
+
+def worker_suspect(holder: str) -> str:
+    """When a sweep first found a worker's liveness key gone (it is taken for dead a little later)."""
+    return f"{PREFIX}:worker:suspect:{holder}"

@@ -14,13 +14,19 @@ The sweep (`memctl worker`, every MEMORY_SWEEP_INTERVAL_S) then moves back to it
 restore, every unacknowledged message older than the dead-after time that no live worker holds: the
 original message, with its retry count and countdown, taken out of `unacked` in the same transaction, so it
 cannot also come back at the visibility timeout. A message received by a live worker is in its set within
-milliseconds; the age condition covers that instant. Stages are idempotent, so a worker wrongly taken for
-dead (a pause longer than the dead-after time) costs a second run of a stage, never a double count.
+milliseconds; the age condition covers that instant. A worker whose key expired is first only suspected and
+its messages are left alone until it has stayed silent CONFIRM_S more (a Redis restart after an outage
+expires every key at once; the workers' next beats, within 5 s, clear the suspicion). Stages are idempotent,
+so a worker wrongly taken for dead (a pause longer than the dead-after time) costs a second run of a stage,
+never a double count. Every worker must run this code: one without it (a rolling deploy from an older
+version) has its messages restored after the dead-after time and run twice. The age of a message is the
+receiving worker's clock (kombu's `unacked_index`): keep hosts in NTP sync.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -33,6 +39,8 @@ from worker import keys
 log = logging.getLogger("memory.liveness")
 
 HEARTBEAT_S = 5.0
+CONFIRM_S = 2 * HEARTBEAT_S  # a suspected worker is taken for dead only when silent this much longer
+PAGE = 1000
 HELD_TTL_S = 86_400  # a set outlives its worker only until the sweep clears it, or a day
 
 
@@ -68,6 +76,7 @@ class Holder:
             held = sorted(self._tags)
         pipe = self._redis.pipeline(transaction=True)
         pipe.set(keys.worker_alive(self.id), "1", ex=self._dead_after_s)
+        pipe.delete(keys.worker_suspect(self.id))
         pipe.sadd(keys.WORKERS, self.id)
         if gone:
             pipe.srem(keys.worker_held(self.id), *gone)
@@ -77,7 +86,10 @@ class Holder:
         pipe.execute()
 
     def start(self) -> None:
-        self.beat()
+        try:
+            self.beat()
+        except Exception as exc:  # Redis away: the heartbeat thread keeps trying
+            log.warning("heartbeat failed", extra={"error_class": type(exc).__name__})
         self._thread = threading.Thread(target=self._run, name="memory-heartbeat", daemon=True)
         self._thread.start()
 
@@ -100,21 +112,44 @@ class Holder:
             log.warning("heartbeat not withdrawn", extra={"error_class": type(exc).__name__})
 
 
-def orphans(redis: Any, older_than_s: float, limit: int = 1000) -> tuple[list[str], list[str]]:
-    """(unacknowledged tags older than older_than_s that no live worker holds, holders no longer alive)."""
+def orphans(redis: Any, older_than_s: float) -> tuple[list[str], list[str]]:
+    """(unacknowledged tags older than older_than_s that no live or merely suspected worker holds, holders
+    confirmed dead). Reads kombu's index in pages, so a long list of old messages held by live workers
+    (retries waiting out an LLM outage) cannot hide a lost worker's newer ones."""
     holders = sorted(h.decode() if isinstance(h, bytes) else h for h in redis.smembers(keys.WORKERS))
-    alive_check = redis.pipeline(transaction=False)
+    now = time.time()
+    check = redis.pipeline(transaction=False)
     for holder in holders:
-        alive_check.exists(keys.worker_alive(holder))
-    alive = [h for h, up in zip(holders, alive_check.execute(), strict=True) if up]
-    dead = [h for h in holders if h not in alive]
+        check.exists(keys.worker_alive(holder))
+    alive = [h for h, up in zip(holders, check.execute(), strict=True) if up]
+    silent = [h for h in holders if h not in alive]
+    suspect = redis.pipeline(transaction=False)
+    for holder in silent:
+        suspect.set(keys.worker_suspect(holder), repr(now), nx=True, ex=3600)
+        suspect.get(keys.worker_suspect(holder))
+    since = suspect.execute()[1::2]
+    dead = [h for h, at in zip(silent, since, strict=True) if at is not None and now - float(at) >= CONFIRM_S]
+    spared = [h for h in holders if h not in dead]  # alive, or suspected and not confirmed yet
     held: set[str] = set()
-    if alive:
-        for tag in redis.sunion([keys.worker_held(h) for h in alive]):
-            held.add(tag.decode() if isinstance(tag, bytes) else tag)
-    old = redis.zrangebyscore(keys.KOMBU_UNACKED_INDEX, "-inf", time.time() - older_than_s, start=0, num=limit)
-    tags = [t.decode() if isinstance(t, bytes) else t for t in old]
-    return [t for t in tags if t not in held], dead
+    if spared:
+        held = {t.decode() if isinstance(t, bytes) else t for t in redis.sunion([keys.worker_held(h) for h in spared])}
+    found: list[str] = []
+    start = 0
+    while True:
+        page = redis.zrangebyscore(keys.KOMBU_UNACKED_INDEX, "-inf", now - older_than_s, start=start, num=PAGE)
+        found += [t for t in (p.decode() if isinstance(p, bytes) else p for p in page) if t not in held]
+        if len(page) < PAGE:
+            return found, dead
+        start += PAGE
+
+
+# Forget a dead holder only if it is still silent: one that beat meanwhile keeps its entry and its set.
+_FORGET_IF_SILENT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('DEL', KEYS[3], KEYS[4])
+return 1
+"""
 
 
 def restore_orphans(redis: Any, restore: Callable[[list[str]], None], dead_after_s: float) -> int:
@@ -123,11 +158,9 @@ def restore_orphans(redis: Any, restore: Callable[[list[str]], None], dead_after
     if tags:
         restore(tags)
         log.warning("restored messages of lost workers", extra={"count": len(tags), "dead_workers": len(dead)})
-    if dead:
-        pipe = redis.pipeline(transaction=True)
-        pipe.srem(keys.WORKERS, *dead)
-        pipe.delete(*[keys.worker_held(h) for h in dead])
-        pipe.execute()
+    for holder in dead:
+        held, alive, suspect = keys.worker_held(holder), keys.worker_alive(holder), keys.worker_suspect(holder)
+        redis.eval(_FORGET_IF_SILENT, 4, alive, keys.WORKERS, held, suspect, holder)
     return len(tags)
 
 
@@ -146,13 +179,16 @@ def kombu_restore(app: Any) -> Callable[[list[str]], None]:
 
 _lock = threading.Lock()
 _current: Holder | None = None
+_pid: int | None = None
 
 
 def current(redis_url: str, dead_after_s: int) -> Holder:
-    """This worker process's holder, created (and its heartbeat started) on first use."""
-    global _current
+    """This worker process's holder, created (and its heartbeat started) on first use; a forked child makes
+    its own."""
+    global _current, _pid
     with _lock:
-        if _current is None:
+        if _current is None or _pid != os.getpid():
+            _pid = os.getpid()
             from redis import Redis
 
             holder = Holder(Redis.from_url(redis_url, socket_timeout=5), dead_after_s)
@@ -164,6 +200,6 @@ def current(redis_url: str, dead_after_s: int) -> Holder:
 def stop_current() -> None:
     global _current
     with _lock:
-        if _current is not None:
+        if _current is not None and _pid == os.getpid():
             _current.stop()
         _current = None
