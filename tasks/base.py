@@ -117,6 +117,13 @@ class StageTask(Task):  # type: ignore[misc]
         )
         return {"episode_id": episode_id, "user_id": user_id, "status": "dead_lettered"}
 
+    def redelivered(self, outcome: dict[str, Any]) -> dict[str, Any]:
+        """A message delivered again (its worker died or was taken for lost) finds stored what its earlier
+        delivery wrote: the caller's wait() must say persisted, not unchanged (kept for a second send)."""
+        if outcome.get("status") == "unchanged" and (self.request.delivery_info or {}).get("redelivered"):
+            return {**outcome, "status": "persisted"}
+        return outcome
+
     def _forgotten(self, rt: Runtime, episode_id: str, user_id: str, delivery_key: str) -> dict[str, Any]:
         rt.redis.delete(delivery_key)
         rt.inflight.done(episode_id)

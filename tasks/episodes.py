@@ -26,7 +26,7 @@ def _extract(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
         outcome = extract_stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm)
         if outcome["status"] == "extracted":
             rt.stats.extracted(outcome["record"])
-        return outcome
+        return self.redelivered(outcome)
 
     return self.guarded(payload, body)
 
@@ -55,7 +55,7 @@ def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
         if outcome["status"] == "persisted" and outcome["created"]:
             rt.stats.persisted()
         rt.inflight.done(outcome["episode_id"])  # final: persisted, unchanged, forgotten, conflict, dead-lettered
-        return outcome
+        return self.redelivered(outcome)
 
     return self.guarded(payload, body)
 

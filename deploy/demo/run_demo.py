@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERSATIONS = Path(__file__).with_name("conversations.jsonl")
+DEMO_RECALL_BUDGET_MS = 10_000
 QUESTIONS = {
     "alice": ["Where does my sister live?", "Who do I run with?", "Am I allergic to anything?"],
     "bob": ["What is my dog like?", "What did my boss ask me?"],
@@ -76,8 +77,11 @@ def main(argv: list[str]) -> int:
             for rel in kept.related_relations[:5]:
                 print(f"    {rel.source} —{rel.description}→ {rel.target} (weight {rel.weight:g})")
             for question in questions:
-                context = client.retrieve_memory(user, question)
+                # A generous budget: the demo shows what is found, and its first queries warm a cold Neo4j.
+                context = client.retrieve_memory(user, question, budget_ms=DEMO_RECALL_BUDGET_MS)
                 print(f"  Q: {question}")
+                if context.degraded:
+                    print(f"    (degraded: {context.reason})")
                 for hit in context.related_episodes[:2]:
                     print(f"    - {hit.summary}  (score {hit.score:.3f}, {', '.join(hit.matched_by)})")
                     if hit.passage:

@@ -4,8 +4,8 @@ holds messages, a replacement started; seconds until every accepted episode is p
     make bench            (or: .venv/bin/python -m tests.benchmarks.bench_crash_recovery)
 
 Target (issue 12): every episode persisted within 90 s of the replacement being up, exactly once, none
-already persisted sent to the LLM again (before: 292 of 300 after 15 minutes, the rest at the visibility
-timeout, an hour).
+already persisted sent to the LLM again (as reported in the issue, before this: 292 of 300 after 15 minutes,
+the rest at kombu's visibility timeout, an hour).
 """
 
 from __future__ import annotations
