@@ -43,6 +43,7 @@ bench: install services-up
 	$(VENV)/bin/python -m tests.benchmarks.bench_ingest
 	$(VENV)/bin/python -m tests.benchmarks.bench_queue_bytes
 	$(VENV)/bin/python -m tests.benchmarks.bench_crash_recovery
+	$(VENV)/bin/python -m tests.benchmarks.bench_llm_latency
 
 demo: install services-up
 	$(VENV)/bin/python deploy/demo/run_demo.py
