@@ -68,15 +68,18 @@ def run(
     ]
     env = default_recovery_env(standin)
     first = WorkerProcess(logs / "first.log", env).start()
-    receipts = client.add_episodes(items)
-    _wait(
-        lambda: (
-            len(_episode_ids(store, users)) >= persisted_before_kill and redis.hlen(KOMBU_UNACKED) >= held_before_kill
-        ),
-        120,
-        "a run under way: episodes persisted and messages held",
-    )
-    first.kill()
+    try:
+        receipts = client.add_episodes(items)
+        _wait(
+            lambda: (
+                len(_episode_ids(store, users)) >= persisted_before_kill
+                and redis.hlen(KOMBU_UNACKED) >= held_before_kill
+            ),
+            180,  # litellm's import and a cold Neo4j's first transactions come first
+            "a run under way: episodes persisted and messages held",
+        )
+    finally:
+        first.kill()  # whatever happened: a worker left running would take the next test's messages
     held = int(redis.hlen(KOMBU_UNACKED))
     note_of = {r.episode_id: _note(k) for k, r in enumerate(receipts)}
     persisted_ids = _episode_ids(store, users)

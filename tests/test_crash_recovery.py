@@ -23,7 +23,19 @@ def test_a_killed_workers_messages_are_persisted_once_without_waiting_for_the_vi
 ) -> None:
     users = [new_user(f"crash{i}") for i in range(3)]
     # 2 minutes: the recovery takes well under one (the benchmark measures it); before, it took an hour.
-    outcome = crash_recovery.run(client, store, clean_redis, standin, users, per_user=15, logs=tmp_path, timeout_s=120)
+    # Each call takes 3 s: extraction (16 threads) still holds messages when the first episodes are persisted.
+    outcome = crash_recovery.run(
+        client,
+        store,
+        clean_redis,
+        standin,
+        users,
+        15,
+        tmp_path,
+        llm_delay_s=3.0,
+        persisted_before_kill=3,
+        timeout_s=120,
+    )
     assert outcome.held_at_kill > 0  # the kill left messages in kombu's unacked hash
     assert outcome.states == {"persisted"}, outcome
     for user in users:
