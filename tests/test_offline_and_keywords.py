@@ -51,6 +51,22 @@ def test_offline_chinese(settings: Settings) -> None:
     assert "北京" in extraction.result.summary
 
 
+@pytest.mark.parametrize(
+    ("said", "expected"),
+    [
+        ("我在阿里巴巴工作了三年。", {"阿里巴巴": "organization"}),  # jieba: a transliterated person name
+        ("我在阿里巴巴集团上班。", {"阿里巴巴集团": "organization"}),
+        ("她去了腾讯公司上班。", {"腾讯公司": "organization"}),
+        ("我哥哥在中国银行工作。", {"哥哥": "person", "中国银行": "organization"}),  # jieba: 哥哥 a place
+        ("张伟在清华大学读书。", {"张伟": "person", "清华大学": "organization"}),
+        ("我妹妹张丽住在上海。", {"妹妹": "person", "张丽": "person", "上海": "place"}),
+    ],
+)
+def test_offline_chinese_organisations_and_kin_are_typed_as_such(said: str, expected: dict[str, str]) -> None:
+    answer = json.loads(extract_offline([Message(role="user", content=said)]))
+    assert {e["name"]: e["type"] for e in answer["entities"]} == expected
+
+
 def test_offline_is_deterministic_across_processes() -> None:
     here = extract_offline(ENGLISH + CHINESE)
     code = (

@@ -51,6 +51,15 @@ _KIN = _words(
     "sister brother mother father mom dad wife husband son daughter boss colleague partner girlfriend "
     "boyfriend grandma grandpa aunt uncle cousin friend kids children "
 )
+_ZH_ORG_SUFFIXES = (
+    "公司", "集团", "银行", "大学", "学院", "医院", "研究所", "研究院", "中学", "小学", "基金会", "协会",
+    "事务所", "出版社", "电视台", "报社", "俱乐部", "工作室", "科技",
+)  # fmt: skip
+_ZH_WORKPLACE_VERBS = frozenset({"工作", "上班", "实习", "任职", "入职", "读书", "上学", "念书"})
+_ZH_KIN = frozenset(
+    "哥哥 姐姐 弟弟 妹妹 妈妈 爸爸 母亲 父亲 丈夫 妻子 老公 老婆 儿子 女儿 爷爷 奶奶 外公 外婆 叔叔 阿姨 舅舅 "
+    "表哥 表姐 表弟 表妹 堂哥 堂姐 同事 老板 男朋友 女朋友".split()
+)
 MAX_ENTITIES = 20
 MAX_SALIENT = 6
 SUMMARY_SENTENCES = 3
@@ -98,16 +107,34 @@ def _english(sentence: str) -> Iterator[tuple[str, str]]:
 
 
 def _chinese(sentence: str) -> Iterator[tuple[str, str]]:
+    """jieba's name tags, corrected where they mislead: a name followed by an organisation word (腾讯 + 公司)
+    is one organisation (腾讯公司), as is a word ending in one (北京大学); a name one works or studies at
+    (在阿里巴巴工作: jieba tags 阿里巴巴 as a transliterated person name) is an organisation; a kinship word
+    (哥哥, which jieba may tag as a place) is a person, as "my brother" is in English."""
     import jieba
     import jieba.posseg  # imported on first use: the dictionary load is not import-time work
 
     jieba.setLogLevel(logging.WARNING)
 
-    for pair in jieba.posseg.cut(sentence):
-        word, flag = pair.word.strip(), pair.flag
+    pairs = [(p.word.strip(), p.flag) for p in jieba.posseg.cut(sentence)]
+    skip = False
+    for i, (word, flag) in enumerate(pairs):
+        if skip:
+            skip = False
+            continue
+        following = pairs[i + 1][0] if i + 1 < len(pairs) else ""
+        if word in _ZH_KIN:
+            yield word, "person"
+            continue
         kind = _JIEBA_TYPES.get(flag)
-        if kind and len(word) >= 2 and _CJK.search(word):
-            yield word, kind
+        if not kind or len(word) < 2 or not _CJK.search(word):
+            continue
+        works_there = kind == "person" and i > 0 and pairs[i - 1][0] == "在" and following in _ZH_WORKPLACE_VERBS
+        if following in _ZH_ORG_SUFFIXES:
+            word, kind, skip = word + following, "organization", True
+        elif works_there or word.endswith(_ZH_ORG_SUFFIXES):
+            kind = "organization"
+        yield word, kind
 
 
 def _entities_in(sentence: str) -> list[tuple[str, str]]:
