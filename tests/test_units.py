@@ -126,3 +126,47 @@ def test_settings_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> N
         Settings.load()
     text = str(info.value)
     assert "MEMORY_RECALL_LIMIT" in text and "MEMORY_NEO4J_URI" in text
+
+
+# What the strict structured-output schemas of the providers reached through litellm accept (documented
+# rules): OpenAI strict requires every object to list all properties in `required` and to forbid additional
+# ones, and rejects `default` and string lengths; Gemini's response schema takes no `$ref`/`$defs`.
+_NEVER = {"$ref", "$defs", "default", "minLength", "maxLength", "title", "allOf", "oneOf", "not", "patternProperties"}
+_TYPES = {"string", "number", "integer", "boolean", "array", "object"}
+
+
+def _portability_problems(node: object, path: str = "$") -> list[str]:
+    if isinstance(node, list):
+        return [p for i, item in enumerate(node) for p in _portability_problems(item, f"{path}[{i}]")]
+    if not isinstance(node, dict):
+        return []
+    problems = [f"{path}: {key}" for key in node if key in _NEVER]
+    if "type" in node and node["type"] not in _TYPES:
+        problems.append(f"{path}: type {node['type']}")
+    if node.get("type") == "object":
+        if node.get("additionalProperties") is not False:
+            problems.append(f"{path}: additionalProperties must be false")
+        if sorted(node.get("required", [])) != sorted(node.get("properties", {})):
+            problems.append(f"{path}: every property must be required")
+    for key, value in node.items():
+        if key == "properties":
+            problems += [p for name, sub in value.items() for p in _portability_problems(sub, f"{path}.{name}")]
+        elif isinstance(value, dict | list):
+            problems += _portability_problems(value, f"{path}.{key}")
+    return problems
+
+
+def test_the_answer_schemas_sent_to_providers_follow_the_strict_output_rules() -> None:
+    from worker.models import ExtractionResult
+    from worker.prompts import keywords
+    from worker.prompts.portable_schema import portable_schema
+
+    assert _portability_problems(ExtractionResult.model_json_schema())  # pydantic's own schema does not
+    for model in (ExtractionResult, keywords.ResponseModel):
+        schema = portable_schema(model)
+        assert _portability_problems(schema) == [], model
+        assert schema["properties"].keys() == model.model_json_schema()["properties"].keys()  # nothing lost
+    # An answer written to the portable schema is a valid answer for the model.
+    entity = {"name": "Anna", "type": "person", "description": ""}
+    relationship = {"source": "Anna", "target": "Lisbon", "description": "lives in", "weight": 1.0}
+    ExtractionResult.model_validate({"summary": "s", "entities": [entity], "relationships": [relationship]})

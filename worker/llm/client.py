@@ -6,7 +6,6 @@ decides whether and when to try again.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ from pydantic import BaseModel
 from worker.errors import LLMError
 from worker.llm.classify import classify_llm_error
 from worker.llm.ratelimit import RedisTokenBucket
-from worker.prompts.template import schema_json
+from worker.prompts.portable_schema import portable_schema
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -143,11 +142,7 @@ class LLMClient:
         if s.llm_api_key:
             kwargs["api_key"] = s.llm_api_key.get_secret_value()
         if route.schema_output:
-            schema = {
-                "name": response_model.__name__,
-                "schema": json.loads(schema_json(response_model)),
-                "strict": False,
-            }
+            schema = {"name": response_model.__name__, "schema": portable_schema(response_model), "strict": True}
             kwargs["response_format"] = {"type": "json_schema", "json_schema": schema}
         else:
             kwargs["response_format"] = {"type": "json_object"}
