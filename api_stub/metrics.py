@@ -80,6 +80,14 @@ class MemoryCollector(Collector):
         yield CounterMetricFamily(
             "memory_llm_cost_usd", "LLM cost of extractions as litellm prices it.", totals.get(stats.LLM_COST_USD, 0.0)
         )
+        dropped = CounterMetricFamily(
+            "memory_llm_items_dropped",
+            "Entities and relationships of LLM answers left out because they did not validate.",
+            labels=["kind"],
+        )
+        for kind in ("entity", "relationship"):
+            dropped.add_metric([kind], totals.get(stats.DROPPED + kind, 0.0))
+        yield dropped
 
     def _recall(self) -> Iterator[Metric]:
         counters = self._counters()

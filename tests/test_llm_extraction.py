@@ -4,6 +4,7 @@ error classification, timeout, fallback — and the number of calls the server s
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from tests.llm_standin import Reply, StandIn, answer
 from worker.errors import LLMError
 from worker.extraction import extract
+from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.llm.client import LLMClient, resolve_routes
 from worker.models import Message
 from worker.settings import Settings
@@ -159,3 +161,29 @@ def test_model_resolution_is_computed_once_per_process(llm_settings: Settings) -
     assert [r.model for r in first] == ["openai/stand-in", "openai/b"]  # ordered, de-duplicated
     assert client.routes is first
     assert resolve_routes.cache_info().hits >= 1
+
+
+def test_an_invalid_item_is_left_out_and_counted_not_the_whole_answer(
+    standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    from worker.models import Limits, build_episode
+    from worker.pipeline import episode_payload, extract_stage
+
+    flawed = {
+        **GOOD,
+        "entities": [*GOOD["entities"], {"name": "", "type": "person"}, {"type": "place"}],
+        "relationships": [*GOOD["relationships"], {"source": "Anna", "weight": "very"}],
+    }
+    standin.push(answer(flawed))
+    extraction = extract(CONVERSATION, settings=llm_settings)
+    assert standin.calls == 1  # kept without asking again
+    assert extraction.kind == "llm"
+    assert [e.name for e in extraction.result.entities] == ["Anna", "Lisbon", "Acme Corp"]
+    assert len(extraction.result.relationships) == 2
+    assert (extraction.dropped.entities, extraction.dropped.relationships) == (2, 1)
+    # The counts travel with the episode: on its record (stored with it), counted by the extract task.
+    standin.push(answer(flawed))
+    messages = [m.model_dump() for m in CONVERSATION]
+    payload = episode_payload(build_episode(new_user("dropped"), "s1", messages, limits=Limits()))
+    outcome = extract_stage(payload, settings=llm_settings, store=store, llm=None)
+    assert (outcome["record"]["dropped_entities"], outcome["record"]["dropped_relationships"]) == (2, 1)

@@ -37,7 +37,15 @@ def test_metrics_report_queues_dead_letters_worker_totals_and_recall_latency(cle
     clean_redis.lpush(PERSIST_QUEUE, b"m4")
     stats = Stats(clean_redis)
     stats.extracted(
-        {"extraction": "llm", "llm_calls": 2, "prompt_tokens": 900, "completion_tokens": 120, "cost_usd": 0.0015}
+        {
+            "extraction": "llm",
+            "llm_calls": 2,
+            "prompt_tokens": 900,
+            "completion_tokens": 120,
+            "cost_usd": 0.0015,
+            "dropped_entities": 2,
+            "dropped_relationships": 1,
+        }
     )
     stats.extracted({"extraction": "degraded", "llm_calls": 2, "prompt_tokens": 800, "completion_tokens": 50})
     stats.persisted()
@@ -68,6 +76,8 @@ def test_metrics_report_queues_dead_letters_worker_totals_and_recall_latency(cle
     assert got['memory_llm_tokens_total{kind="prompt"}'] == 1700
     assert got['memory_llm_tokens_total{kind="completion"}'] == 170
     assert abs(got["memory_llm_cost_usd_total"] - 0.0015) < 1e-9
+    assert got['memory_llm_items_dropped_total{kind="entity"}'] == 2
+    assert got['memory_llm_items_dropped_total{kind="relationship"}'] == 1
     assert got["memory_dead_letters"] == 1 and got["memory_dead_letter_oldest_age_seconds"] >= 1
     assert got["memory_recall_latency_seconds_count"] == 2
     assert got['memory_recall_latency_seconds_bucket{le="0.005"}'] == 1

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from worker.llm.answer import parse_answer
+from worker.llm.answer import Dropped, parse_answer, parse_extraction
 from worker.llm.client import LLMClient, LLMUsage
 from worker.models import ExtractionKind, ExtractionResult, Message
 from worker.offline import MODEL_NAME as OFFLINE
@@ -28,6 +28,7 @@ class Extraction:
     model: str
     prompt_version: str
     usage: LLMUsage
+    dropped: Dropped = field(default_factory=Dropped)  # items of the answer left out by validation
 
 
 def extraction_prompt(settings: Settings) -> PromptTemplate:
@@ -64,15 +65,16 @@ def extract(
     reply = client.complete(messages_for, prompt.ResponseModel)
     usage = reply.usage
     try:
-        return Extraction(parse_answer(reply.text, prompt.ResponseModel), "llm", reply.model, template.version, usage)
+        result, dropped = parse_extraction(reply.text)
+        return Extraction(result, "llm", reply.model, template.version, usage, dropped)
     except ValidationError as first:
         log.warning("malformed extraction; asking again", extra={"episode_id": episode_id, "model": reply.model})
         correction = [{"role": "assistant", "content": reply.text}, {"role": "user", "content": _reask_text(first)}]
         again = client.complete(lambda s: reply.messages + correction, prompt.ResponseModel, only_model=reply.model)
         usage = usage + again.usage
         try:
-            result = parse_answer(again.text, prompt.ResponseModel)
-            return Extraction(result, "llm", again.model, template.version, usage)
+            result, dropped = parse_extraction(again.text)
+            return Extraction(result, "llm", again.model, template.version, usage, dropped)
         except ValidationError:
             log.warning("extraction stays malformed; keeping it degraded", extra={"episode_id": episode_id})
     degraded = ExtractionResult(summary=summarize_messages(conversation)[:10_000])

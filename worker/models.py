@@ -166,6 +166,9 @@ class EpisodeRecord(_Frozen):
     prompt_tokens: int = Field(0, ge=0)
     completion_tokens: int = Field(0, ge=0)
     cost_usd: float = Field(0.0, ge=0)
+    # Entities and relationships of the model's answer left out because they did not validate (counts).
+    dropped_entities: int = Field(0, ge=0)
+    dropped_relationships: int = Field(0, ge=0)
     # Where each message stands in `content` ([start, end) character offsets): the units recall searches.
     # Not a stored property of the episode; the search windows are built from it.
     message_spans: tuple[tuple[int, int], ...] = ()

@@ -126,6 +126,8 @@ def extract_stage(
         prompt_tokens=extraction.usage.prompt_tokens,
         completion_tokens=extraction.usage.completion_tokens,
         cost_usd=extraction.usage.cost_usd,
+        dropped_entities=extraction.dropped.entities,
+        dropped_relationships=extraction.dropped.relationships,
         message_spans=spans if settings.store_content else (),
         window_vectors=vectors,
         source_digest=digest,

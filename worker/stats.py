@@ -17,6 +17,7 @@ LLM_CALLS = "llm_calls"
 LLM_PROMPT_TOKENS = "llm_prompt_tokens"
 LLM_COMPLETION_TOKENS = "llm_completion_tokens"
 LLM_COST_USD = "llm_cost_usd"
+DROPPED = "dropped:"  # + entity or relationship: items of LLM answers left out by validation
 
 
 class Stats:
@@ -31,6 +32,8 @@ class Stats:
                 LLM_CALLS: int(record.get("llm_calls") or 0),
                 LLM_PROMPT_TOKENS: int(record.get("prompt_tokens") or 0),
                 LLM_COMPLETION_TOKENS: int(record.get("completion_tokens") or 0),
+                DROPPED + "entity": int(record.get("dropped_entities") or 0),
+                DROPPED + "relationship": int(record.get("dropped_relationships") or 0),
             },
             cost_usd=float(record.get("cost_usd") or 0.0),
         )
