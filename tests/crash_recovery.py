@@ -8,13 +8,12 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from api_stub.client import MemoryClient
-from tests.ingest_helpers import graph_facts
+from tests.ingest_helpers import graph_facts, wait_until
 from tests.llm_standin import Reply, StandIn
 from tests.services import RedisClient
 from tests.workers import WorkerProcess
@@ -70,7 +69,7 @@ def run(
     first = WorkerProcess(logs / "first.log", env).start()
     try:
         receipts = client.add_episodes(items)
-        _wait(
+        wait_until(
             lambda: (
                 len(_episode_ids(store, users)) >= persisted_before_kill
                 and redis.hlen(KOMBU_UNACKED) >= held_before_kill
@@ -125,11 +124,3 @@ def _note_in(request: dict[str, object]) -> str:
 def _episode_ids(store: Neo4jGraphStore, users: list[str]) -> set[str]:
     with store._session() as s:
         return set(s.run("MATCH (e:Episode) WHERE e.user_id IN $us RETURN e.id", us=users).value())
-
-
-def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Callable
 from typing import Any
 
 from worker.graph.neo4j_store import Neo4jGraphStore
@@ -48,3 +50,11 @@ def graph_facts(store: Neo4jGraphStore, user: str) -> dict[str, Any]:
             u=user,
         ).single(strict=True)
     return dict(row)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)

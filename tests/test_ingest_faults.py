@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from api_stub.client import MemoryClient
-from tests.ingest_helpers import episodes_for, graph_facts
+from tests.ingest_helpers import episodes_for, graph_facts, wait_until
 from tests.llm_standin import Reply, StandIn, answer
 from tests.services import ROOT, RedisClient, services
 from tests.workers import WorkerProcess, celery_pids
@@ -29,14 +29,6 @@ GOOD = {"summary": "met people", "entities": [{"name": "Anna", "type": "person"}
 
 def stand_in_env(standin: StandIn) -> dict[str, str]:
     return {"MEMORY_LLM_MODEL": "openai/stand-in", "MEMORY_LLM_API_BASE": standin.url, "MEMORY_LLM_API_KEY": "sk-x"}
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def extraction_calls(standin: StandIn) -> dict[str, int]:
