@@ -44,6 +44,7 @@ bench: install services-up
 	$(VENV)/bin/python -m tests.benchmarks.bench_queue_bytes
 	$(VENV)/bin/python -m tests.benchmarks.bench_crash_recovery
 	$(VENV)/bin/python -m tests.benchmarks.bench_llm_latency
+	$(VENV)/bin/python -m tests.benchmarks.bench_freshness
 
 demo: install services-up
 	$(VENV)/bin/python deploy/demo/run_demo.py
