@@ -187,3 +187,15 @@ def test_an_invalid_item_is_left_out_and_counted_not_the_whole_answer(
     payload = episode_payload(build_episode(new_user("dropped"), "s1", messages, limits=Limits()))
     outcome = extract_stage(payload, settings=llm_settings, store=store, llm=None)
     assert (outcome["record"]["dropped_entities"], outcome["record"]["dropped_relationships"]) == (2, 1)
+
+
+def test_an_answer_mostly_off_the_schema_is_asked_again_and_then_kept_for_what_is_valid(
+    standin: StandIn, llm_settings: Settings
+) -> None:
+    bare = {**GOOD, "entities": ["Anna", "Lisbon", {"name": "Acme Corp"}]}  # names as bare strings
+    standin.push(answer(bare), answer(bare))
+    extraction = extract(CONVERSATION, settings=llm_settings)
+    assert standin.calls == 2  # asked again, not kept with one entity of three
+    assert "could not be used" in standin.requests[1]["messages"][-1]["content"]
+    assert extraction.kind == "llm" and [e.name for e in extraction.result.entities] == ["Acme Corp"]
+    assert extraction.dropped.entities == 2  # the second answer is kept for what is valid, and counted

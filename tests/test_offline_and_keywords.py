@@ -57,6 +57,8 @@ def test_offline_chinese(settings: Settings) -> None:
         ("我在阿里巴巴工作了三年。", {"阿里巴巴": "organization"}),  # jieba: a transliterated person name
         ("我在阿里巴巴集团上班。", {"阿里巴巴集团": "organization"}),
         ("她去了腾讯公司上班。", {"腾讯公司": "organization"}),
+        ("他在腾讯科技公司实习。", {"腾讯科技公司": "organization"}),
+        ("我在 阿里巴巴 工作。", {"阿里巴巴": "organization"}),  # spaces between the words
         ("我哥哥在中国银行工作。", {"哥哥": "person", "中国银行": "organization"}),  # jieba: 哥哥 a place
         ("张伟在清华大学读书。", {"张伟": "person", "清华大学": "organization"}),
         ("我妹妹张丽住在上海。", {"妹妹": "person", "张丽": "person", "上海": "place"}),

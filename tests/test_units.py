@@ -132,6 +132,7 @@ def test_settings_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> N
 # rules): OpenAI strict requires every object to list all properties in `required` and to forbid additional
 # ones, and rejects `default` and string lengths; Gemini's response schema takes no `$ref`/`$defs`.
 _NEVER = {"$ref", "$defs", "default", "minLength", "maxLength", "title", "allOf", "oneOf", "not", "patternProperties"}
+_NEVER |= {"anyOf"}  # a nullable field must be written as a type list, which Gemini does not take either
 _TYPES = {"string", "number", "integer", "boolean", "array", "object"}
 
 
@@ -148,6 +149,9 @@ def _portability_problems(node: object, path: str = "$") -> list[str]:
             problems.append(f"{path}: additionalProperties must be false")
         if sorted(node.get("required", [])) != sorted(node.get("properties", {})):
             problems.append(f"{path}: every property must be required")
+    for name, sub in node.get("properties", {}).items():
+        if not isinstance(sub, dict) or "type" not in sub:
+            problems.append(f"{path}.{name}: no type")
     for key, value in node.items():
         if key == "properties":
             problems += [p for name, sub in value.items() for p in _portability_problems(sub, f"{path}.{name}")]

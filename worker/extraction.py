@@ -73,7 +73,7 @@ def extract(
         again = client.complete(lambda s: reply.messages + correction, prompt.ResponseModel, only_model=reply.model)
         usage = usage + again.usage
         try:
-            result, dropped = parse_extraction(again.text)
+            result, dropped = parse_extraction(again.text, lenient=True)  # what is valid, rather than nothing
             return Extraction(result, "llm", again.model, template.version, usage, dropped)
         except ValidationError:
             log.warning("extraction stays malformed; keeping it degraded", extra={"episode_id": episode_id})

@@ -116,23 +116,24 @@ def _chinese(sentence: str) -> Iterator[tuple[str, str]]:
 
     jieba.setLogLevel(logging.WARNING)
 
-    pairs = [(p.word.strip(), p.flag) for p in jieba.posseg.cut(sentence)]
-    skip = False
-    for i, (word, flag) in enumerate(pairs):
-        if skip:
-            skip = False
-            continue
-        following = pairs[i + 1][0] if i + 1 < len(pairs) else ""
+    pairs = [(p.word.strip(), p.flag) for p in jieba.posseg.cut(sentence) if p.word.strip()]
+    i = 0
+    while i < len(pairs):
+        word, flag = pairs[i]
+        before = pairs[i - 1][0] if i > 0 else ""
+        i += 1
         if word in _ZH_KIN:
             yield word, "person"
             continue
         kind = _JIEBA_TYPES.get(flag)
         if not kind or len(word) < 2 or not _CJK.search(word):
             continue
-        works_there = kind == "person" and i > 0 and pairs[i - 1][0] == "在" and following in _ZH_WORKPLACE_VERBS
-        if following in _ZH_ORG_SUFFIXES:
-            word, kind, skip = word + following, "organization", True
-        elif works_there or word.endswith(_ZH_ORG_SUFFIXES):
+        following = pairs[i][0] if i < len(pairs) else ""
+        if kind == "person" and before == "在" and following in _ZH_WORKPLACE_VERBS:
+            kind = "organization"
+        while i < len(pairs) and pairs[i][0] in _ZH_ORG_SUFFIXES:  # 腾讯 + 科技 + 公司: one organisation
+            word, kind, i = word + pairs[i][0], "organization", i + 1
+        if word.endswith(_ZH_ORG_SUFFIXES):
             kind = "organization"
         yield word, kind
 

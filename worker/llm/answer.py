@@ -34,23 +34,24 @@ class Dropped:
     relationships: int = 0
 
 
-def parse_extraction(text: str) -> tuple[ExtractionResult, Dropped]:
+def parse_extraction(text: str, *, lenient: bool = False) -> tuple[ExtractionResult, Dropped]:
     """An extraction answer, item by item: an entity or relationship that does not validate (an empty name,
     a missing end, a weight that is not a number) is left out and counted, the rest kept, so one bad item
     costs neither the answer nor a second call. Raises pydantic.ValidationError when the answer as a whole is
-    unusable (not JSON, not an object, no valid summary, unknown fields, entities not a list)."""
+    unusable (not JSON, not an object, no valid summary, unknown fields, entities not a list, more items
+    than allowed) and, unless `lenient`, when more items of a list are invalid than valid: an answer mostly
+    off the schema (every entity a bare string, an extra key in each) is asked again, not kept empty."""
     raw = _OBJECT.validate_json(_body(text))
     kept: dict[str, Any] = dict(raw)
     dropped: dict[str, int] = {}
-    limits = ExtractionResult.model_fields
     for field, item_model in (("entities", Entity), ("relationships", Relationship)):
         items = raw.get(field)
         if not isinstance(items, list):
             continue  # absent (defaults) or malformed (the whole answer is refused below)
-        good = [item for item in items if _valid(item_model, item)]
-        most = next(m.max_length for m in limits[field].metadata if hasattr(m, "max_length"))
-        kept[field] = good[:most]
+        kept[field] = [item for item in items if _valid(item_model, item)]
         dropped[field] = len(items) - len(kept[field])
+        if not lenient and dropped[field] > len(kept[field]):
+            ExtractionResult.model_validate(raw)  # raises, with the reasons the re-ask sends back
     result = ExtractionResult.model_validate(kept)
     return result, Dropped(dropped.get("entities", 0), dropped.get("relationships", 0))
 
