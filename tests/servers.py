@@ -22,10 +22,10 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m worker.cli <args> --port <free port>`; ready once `ready_path` answers any HTTP status."""
+    """`python -m api_stub.cli <args> --port <free port>`; ready once `ready_path` answers any HTTP status."""
 
     def __init__(
-        self, log_path: Path, env: dict[str, str], *args: str, ready_path: str = "/", module: str = "worker.cli"
+        self, log_path: Path, env: dict[str, str], *args: str, ready_path: str = "/", module: str = "api_stub.cli"
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -84,7 +84,7 @@ def embedding_env(server: ServerProcess) -> dict[str, str]:
 def run_cli(*args: str, env: dict[str, str], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     """Run memctl to completion (for commands expected to refuse to start)."""
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
+        [sys.executable, "-m", "api_stub.cli", *args],
         cwd=ROOT,
         env={**os.environ, **env},
         capture_output=True,

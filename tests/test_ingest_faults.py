@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from api_stub.cli import enqueue_letter
 from api_stub.client import MemoryClient
 from tests.ingest_helpers import episodes_for, graph_facts, wait_until
 from tests.llm_standin import Reply, StandIn, answer
 from tests.services import ROOT, RedisClient, services
 from tests.workers import WorkerProcess, celery_pids
-from worker.cli import enqueue_letter
 from worker.deadletter import DeadLetterStore
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
@@ -121,7 +121,7 @@ def test_outage_longer_than_the_retry_budget_dead_letters_then_replay_persists_a
 
     services("up", "neo4j")
     out = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "dlq", "replay", "--all"],
+        [sys.executable, "-m", "api_stub.cli", "dlq", "replay", "--all"],
         cwd=ROOT,
         env=os.environ,
         capture_output=True,

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from api_stub.cli import enqueue_letter
 from tasks.policy import backoff_delay_s, is_transient, retry_delay_s
 from tests.services import ROOT, RedisClient
-from worker.cli import enqueue_letter
 from worker.deadletter import DeadLetterStore
 from worker.errors import EpisodeRejected, LLMError, SettingsError, StoreRequestError, StoreUnavailable
 from worker.identity import user_tag
@@ -142,7 +142,7 @@ def test_a_replayed_persist_letter_is_in_flight_until_it_is_final(clean_redis: R
 
 def memctl(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
+        [sys.executable, "-m", "api_stub.cli", *args],
         cwd=ROOT,
         env=os.environ,
         capture_output=True,

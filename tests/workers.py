@@ -42,7 +42,7 @@ class WorkerProcess:
         queues = 1 if "--queues" in self.args else 2  # one `ready.` line per queue's Celery worker
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", "worker", "--loglevel", "INFO", *self.args],
+                [sys.executable, "-m", "api_stub.cli", "worker", "--loglevel", "INFO", *self.args],
                 cwd=ROOT,
                 env=self.env,
                 stdout=log,

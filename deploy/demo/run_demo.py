@@ -50,7 +50,13 @@ def main(argv: list[str]) -> int:
     print(f"model: {client.settings.llm_model}   worker log: {log}")
     with log.open("ab") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--extract-concurrency", "4", "--persist-concurrency", "2"],
+            [
+                sys.executable,
+                "-m",
+                "api_stub.cli",
+                "worker",
+                *("--extract-concurrency", "4", "--persist-concurrency", "2"),
+            ],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
