@@ -26,8 +26,10 @@ class CachedHealth:
         last = self._last
         if last is not None and time.monotonic() - self._taken_at < self._ttl_s:
             return dict(last)
-        if not self._running.acquire(blocking=last is None):
-            return dict(last or {})  # a probe is running: its predecessor's answer, not a second probe
+        if last is not None and not self._running.acquire(blocking=False):
+            return dict(last)  # a probe is running: its predecessor's answer, not a second probe
+        if last is None:
+            self._running.acquire()  # the very first request waits for the first probe
         try:
             if self._last is not None and time.monotonic() - self._taken_at < self._ttl_s:
                 return dict(self._last)  # another thread probed while this one waited for the lock

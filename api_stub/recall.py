@@ -169,10 +169,10 @@ class Recall:
             return MemoryContext(degraded=True, reason=f"recall failed ({type(exc).__name__})")
 
     def _degraded(self, user_id: str, why: str, strict: bool) -> MemoryContext:
+        reason = f"recall did not finish within its budget ({why})"
         if strict:
-            raise StoreUnavailable(f"recall did not finish within its budget ({why})", cause=f"Recall{why.title()}")
-        log.warning("recall degraded", extra={"user_id": user_id, "error_class": f"Recall{why.title()}"})
-        return MemoryContext(degraded=True, reason=f"recall did not finish within its budget ({why})")
+            raise StoreUnavailable(reason, cause=f"Recall{why.title()}")
+        return _degraded_context(user_id, reason, f"Recall{why.title()}")
 
     def _search(
         self, user_id: str, query: str, limit: int | None, budget_s: float, strict: bool, local: list[str]
@@ -201,8 +201,8 @@ class Recall:
         except StoreError as exc:
             if strict:
                 raise
-            log.warning("recall degraded", extra={"user_id": user_id, "error_class": exc.cause or type(exc).__name__})
-            context = MemoryContext(degraded=True, reason=f"store unavailable ({exc.cause or type(exc).__name__})")
+            cause = exc.cause or type(exc).__name__
+            context = _degraded_context(user_id, f"store unavailable ({cause})", cause)
         return context
 
     def _only_own(self, user_id: str, context: MemoryContext) -> tuple[MemoryContext, int]:
@@ -226,6 +226,11 @@ class Recall:
                 update={"related_episodes": episodes, "related_entities": entities, "related_relations": relations}
             )
         return context, dropped
+
+
+def _degraded_context(user_id: str, reason: str, error_class: str) -> MemoryContext:
+    log.warning("recall degraded", extra={"user_id": user_id, "error_class": error_class})
+    return MemoryContext(degraded=True, reason=reason)
 
 
 def _log_late_failure(future: Future[MemoryContext]) -> None:

@@ -5,7 +5,6 @@ keywords that finish after it)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from worker import keys
@@ -22,12 +21,6 @@ def erased_at(redis: Any, tag: str) -> float | None:
     return None if raw is None else float(raw)
 
 
-def erased_since(redis: Any, tag: str, started_at: float) -> bool:
-    """Was the user erased after `started_at` (so what was computed for them since must not be kept)?"""
-    at = erased_at(redis, tag)
-    return at is not None and at >= started_at
-
-
 # Check and write in one step: a write checked before an erasure's mark and landing after its cleanup scan
 # would otherwise keep the user's data. With the script, a write either lands before the mark (and the scan,
 # which starts after the mark, finds and deletes it) or sees the mark and writes nothing.
@@ -42,7 +35,3 @@ return 1
 def set_unless_erased(redis: Any, tag: str, started_at: float, key: str, value: str, ttl_s: int) -> bool:
     """SET key value EX ttl_s unless the user was erased after `started_at`; True when written."""
     return bool(redis.eval(_SET_UNLESS_ERASED, 2, keys.erasure_key(tag), key, repr(started_at), value, ttl_s))
-
-
-def now() -> float:
-    return time.time()

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -90,11 +91,11 @@ class KeywordExtractor:
         local = local if local is not None else local_keywords(query, limit)
         if not self.llm_enabled:
             return Keywords(local, "local")
-        key = keywords_cache(user_tag(user_id), self._digest(query))
+        tag, started = user_tag(user_id), time.time()
+        key = keywords_cache(tag, self._digest(query))
         cached = self._cache_get(key)
         if cached is not None:
             return Keywords(merge(local, cached, limit), "local+cache")
-        tag, started = user_tag(user_id), erasure.now()
         future = self._calls.submit(key, lambda: self._ask_and_cache(key, query, tag, started))
         if future is None:  # too many calls pending already: answer without
             return Keywords(local, "local", llm_timed_out=True)

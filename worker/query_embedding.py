@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -35,11 +36,11 @@ class QueryEmbedder:
         """The query's embedding, or None when disabled, failed or not ready within budget_ms."""
         if not self.enabled:
             return None
-        key = query_vector_cache(user_tag(user_id), self._digest(query))
+        tag, started = user_tag(user_id), time.time()
+        key = query_vector_cache(tag, self._digest(query))
         cached = self._cache_get(key)
         if cached is not None:
             return cached
-        tag, started = user_tag(user_id), erasure.now()
         future = self._calls.submit(key, lambda: self._embed_and_cache(key, query, tag, started))
         if future is None:
             return None
