@@ -151,7 +151,10 @@ class Recall:
         I/O, not against that."""
         local = local_keywords(query, self._settings.max_keywords)
         deadline = started + budget_s + DEADLINE_MARGIN_S
-        search = lambda: self._search(user_id, query, limit, budget_s, strict, local)  # noqa: E731
+        # The search gets what is left of the budget when it starts: a wait for a slot is charged to it.
+        search = lambda: self._search(  # noqa: E731
+            user_id, query, limit, max(0.01, deadline - DEADLINE_MARGIN_S - time.perf_counter()), strict, local
+        )
         future = self._calls.submit(uuid.uuid4().hex, search, wait_s=max(0.0, deadline - time.perf_counter()))
         if future is None:  # every slot held for the whole budget (recalls stuck on a stalled store)
             return self._degraded(user_id, "busy", strict)
