@@ -41,7 +41,12 @@ def main() -> None:
 
 @main.command()
 @click.option("--extract-concurrency", default=16, show_default=True, help="Threads for LLM extraction.")
-@click.option("--persist-concurrency", default=4, show_default=True, help="Threads for Neo4j writes.")
+@click.option(
+    "--persist-concurrency",
+    default=32,
+    show_default=True,
+    help="Persist threads; those waiting together share one Neo4j transaction (MEMORY_PERSIST_BATCH).",
+)
 @click.option("--queues", default=f"{EXTRACT_QUEUE},{PERSIST_QUEUE}", show_default=True)
 @click.option("--loglevel", default="INFO", show_default=True)
 def worker(extract_concurrency: int, persist_concurrency: int, queues: str, loglevel: str) -> None:

@@ -63,6 +63,16 @@ class MemoryCollector(Collector):
         yield CounterMetricFamily(
             "memory_episodes_persisted", "Episodes newly stored in Neo4j.", totals.get(stats.EPISODES_PERSISTED, 0.0)
         )
+        yield CounterMetricFamily(
+            "memory_persist_transactions",
+            "Persist transactions committed.",
+            totals.get(stats.PERSIST_TRANSACTIONS, 0.0),
+        )
+        yield CounterMetricFamily(
+            "memory_persist_transaction_episodes",
+            "Episodes written by those transactions (divided by them: episodes per transaction).",
+            totals.get(stats.PERSIST_TRANSACTION_EPISODES, 0.0),
+        )
         kinds = CounterMetricFamily("memory_extractions", "Finished extractions by kind.", labels=["kind"])
         for kind in ("llm", "offline", "degraded"):
             kinds.add_metric([kind], totals.get(stats.EXTRACTIONS + kind, 0.0))

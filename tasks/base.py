@@ -46,6 +46,7 @@ class StageTask(Task):  # type: ignore[misc]
     stage: Stage = "extract"
     max_retries = None  # Celery's own limit is off: tasks/policy.py decides when to give up
     Request = QuietRequest
+    resultrepr_maxsize = 64  # Celery reprs every result (an extraction is large); neither logs nor events show it
 
     def guarded(self, payload: dict[str, Any], body: Callable[[Runtime], dict[str, Any]]) -> dict[str, Any]:
         """Run body; retry transient failures with backoff; dead-letter permanent ones, exhausted retries
@@ -54,10 +55,12 @@ class StageTask(Task):  # type: ignore[misc]
         rt = runtime()
         request = self.request
         episode_id = _episode_id(payload)
-        rt.inflight.touch(episode_id, time.time())
         delivery_key = keys.deliveries(request.id, request.retries or 0)
-        deliveries = int(rt.redis.incr(delivery_key))
-        rt.redis.expire(delivery_key, DELIVERY_KEY_TTL_S)
+        pipe = rt.redis.pipeline(transaction=False)  # one round trip: the episode is alive, this delivery counted
+        rt.inflight.touch(episode_id, time.time(), pipe)
+        pipe.incr(delivery_key)
+        pipe.expire(delivery_key, DELIVERY_KEY_TTL_S)
+        deliveries = int(pipe.execute()[1])
         if deliveries > rt.settings.max_deliveries:
             message = f"delivered {deliveries - 1} times without finishing (worker lost each time)"
             return self._dead_letter(rt, payload, "DeliveryLimitExceeded", message, "", delivery_key)

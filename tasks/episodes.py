@@ -51,7 +51,7 @@ def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
                 rt.stats.extracted(fresh["record"])  # its model calls and cost count like any extraction
             return fresh
 
-        outcome = persist_stage(payload, store=rt.store, extract_again=extract_again)
+        outcome = persist_stage(payload, save=rt.group_commit.save, extract_again=extract_again)
         if outcome["status"] == "persisted" and outcome["created"]:
             rt.stats.persisted()
         rt.inflight.done(outcome["episode_id"])  # final: persisted, unchanged, forgotten, conflict, dead-lettered

@@ -56,7 +56,7 @@ def store_dataset(data: Dataset, prefix: str, store: Neo4jGraphStore, settings: 
         messages = [{"role": role, "content": text} for role, text in item["messages"]]
         episode = build_episode(f"{prefix}-{item['user']}", item["session"], messages, limits=limits)
         extracted = extract_stage(episode_payload(episode), settings=settings, store=store, llm=None)
-        persist_stage(extracted, store=store)
+        persist_stage(extracted, save=store.save_episode)
         keys[episode.id] = item["key"]
     return keys
 

@@ -52,7 +52,7 @@ def test_an_extraction_made_before_the_erasure_is_dropped_by_the_persist_transac
     extraction = extract_stage(payload, settings=settings, store=store, llm=None)
     assert extraction["status"] == "extracted"
     client.forget_user(user)  # between the two stages: the extraction is already on its way to persist
-    assert persist_stage(extraction, store=store)["status"] == "forgotten"
+    assert persist_stage(extraction, save=store.save_episode)["status"] == "forgotten"
     assert extract_stage(payload, settings=settings, store=store, llm=None)["status"] == "forgotten"
     facts = graph_facts(store, user)
     assert (facts["episodes"], facts["names"]) == (0, [])
@@ -92,12 +92,12 @@ def test_persists_wait_while_an_erasure_deletes_and_only_its_own_end_lets_them_g
     payload = episode_payload(build_episode(user, "s1", SAID, limits=Limits()))  # accepted after the mark
     extraction = extract_stage(payload, settings=settings, store=store, llm=None)
     with pytest.raises(StoreUnavailable):  # transient: the stage retries once the erasure is done
-        persist_stage(extraction, store=store)
+        persist_stage(extraction, save=store.save_episode)
     store.erasure_done(user, "another erasure's token")
     with pytest.raises(StoreUnavailable):
-        persist_stage(extraction, store=store)
+        persist_stage(extraction, save=store.save_episode)
     store.erasure_done(user, window)
-    assert persist_stage(extraction, store=store)["status"] == "persisted"
+    assert persist_stage(extraction, save=store.save_episode)["status"] == "persisted"
 
 
 def test_a_send_planned_on_a_line_the_erasure_deleted_is_extracted_again_whole(
@@ -110,13 +110,13 @@ def test_a_send_planned_on_a_line_the_erasure_deleted_is_extracted_again_whole(
         episode = build_episode(user, "s1", history[:n], limits=Limits())
         return extract_stage(episode_payload(episode), settings=settings, store=store, llm=None)
 
-    assert persist_stage(extracted(4), store=store)["status"] == "persisted"
+    assert persist_stage(extracted(4), save=store.save_episode)["status"] == "persisted"
     window = store.mark_erased(user, time.time())
     longer = extracted(6)  # sent after the mark, planned before the delete: only messages 5-6 are new to it
     assert longer["record"]["message_count"] == 2
     store.delete_user(user)
     store.erasure_done(user, window)
-    outcome = persist_stage(longer, store=store, extract_again=lambda _digest: extracted(6))
+    outcome = persist_stage(longer, save=store.save_episode, extract_again=lambda _digest: extracted(6))
     assert outcome["status"] == "persisted"
     with store._session() as s:  # the whole send is remembered, not just the two messages after the old line
         sizes = s.run("MATCH (e:Episode {user_id: $u}) RETURN e.message_count", u=user).value()

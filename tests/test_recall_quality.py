@@ -41,7 +41,9 @@ def remember(
         limits=Limits(),
         occurred_at=occurred_at,
     )
-    persist_stage(extract_stage(episode_payload(episode), settings=settings, store=store, llm=None), store=store)
+    persist_stage(
+        extract_stage(episode_payload(episode), settings=settings, store=store, llm=None), save=store.save_episode
+    )
     return episode.id
 
 

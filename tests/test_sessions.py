@@ -103,8 +103,8 @@ def test_two_sends_extracted_at_once_longer_first_then_the_shorter_is_unchanged(
 ) -> None:
     user = new_user("race1")
     short, long = extracted(settings, store, user, history(4)), extracted(settings, store, user, history(6))
-    assert persist_stage(long, store=store)["status"] == "persisted"
-    assert persist_stage(short, store=store)["status"] == "unchanged"  # a retried short send, too
+    assert persist_stage(long, save=store.save_episode)["status"] == "persisted"
+    assert persist_stage(short, save=store.save_episode)["status"] == "unchanged"  # a retried short send, too
     assert episode_sizes(store, user) == [6] and mentions(store, user, "Anna") == 1
 
 
@@ -113,7 +113,7 @@ def test_two_sends_extracted_at_once_shorter_first_then_the_longer_is_extracted_
 ) -> None:
     user = new_user("race2")
     short, long = extracted(settings, store, user, history(4)), extracted(settings, store, user, history(6))
-    assert persist_stage(short, store=store)["status"] == "persisted"
+    assert persist_stage(short, save=store.save_episode)["status"] == "persisted"
     episode = build_episode(user, "chat", history(6), limits=Limits())
     again: list[dict[str, Any]] = []
 
@@ -121,7 +121,7 @@ def test_two_sends_extracted_at_once_shorter_first_then_the_longer_is_extracted_
         again.append(extract_stage(episode_payload(episode), settings=settings, store=store, llm=None))
         return again[-1]
 
-    assert persist_stage(long, store=store, extract_again=extract_again)["status"] == "persisted"
+    assert persist_stage(long, save=store.save_episode, extract_again=extract_again)["status"] == "persisted"
     assert len(again) == 1 and again[0]["record"]["message_count"] == 2  # only what the line lacked
     assert episode_sizes(store, user) == [4, 2] and mentions(store, user, "Anna") == 1
 
@@ -133,10 +133,10 @@ def test_an_id_reused_by_two_sends_extracted_at_once_is_refused_by_the_persist_t
     sends = [build_episode(user, "chat", history(n), episode_id=f"c1-{user}", limits=Limits()) for n in (4, 6)]
     first, second = (extract_stage(episode_payload(e), settings=settings, store=store, llm=None) for e in sends)
     assert first["status"] == second["status"] == "extracted"  # both planned before either was stored
-    assert persist_stage(first, store=store)["status"] == "persisted"
+    assert persist_stage(first, save=store.save_episode)["status"] == "persisted"
     # The line moved (first send), the send is not at hand to plan again: saved as it is, and the claim
     # finds the id stored with other content.
-    assert persist_stage(second, store=store)["status"] == "conflict"
+    assert persist_stage(second, save=store.save_episode)["status"] == "conflict"
     assert episode_sizes(store, user) == [4] and mentions(store, user, "Tokyo") == 0
 
 

@@ -28,9 +28,10 @@ class InFlight:
         pipe.zadd(keys.INFLIGHT_INDEX, {episode_id: time.time() if at is None else at})
         pipe.execute()
 
-    def touch(self, episode_id: str, at: float) -> None:
-        """Only for episodes still in flight (XX): a late attempt never resurrects a finished one."""
-        self._redis.zadd(keys.INFLIGHT_INDEX, {episode_id: at}, xx=True)
+    def touch(self, episode_id: str, at: float, pipe: Any = None) -> None:
+        """Only for episodes still in flight (XX): a late attempt never resurrects a finished one. With
+        `pipe`, the command is queued on that pipeline (the caller executes it)."""
+        (pipe if pipe is not None else self._redis).zadd(keys.INFLIGHT_INDEX, {episode_id: at}, xx=True)
 
     def done(self, episode_id: str) -> None:
         pipe = self._redis.pipeline(transaction=True)

@@ -18,7 +18,7 @@ from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.graph.params import window_texts
 from worker.llm.client import LLMClient
 from worker.llm.embeddings import Embedder, pack
-from worker.models import Entity, Episode, EpisodeRecord, Message, Relationship, SessionProgress
+from worker.models import Entity, Episode, EpisodeRecord, Message, Relationship, SaveResult, SessionProgress
 from worker.sessions import (
     StoredLine,
     erased_since,
@@ -150,21 +150,21 @@ _STATUS = {"created": "persisted", "exists": "persisted", "forgotten": "forgotte
 def persist_stage(
     payload: dict[str, Any],
     *,
-    store: Neo4jGraphStore,
+    save: Callable[..., SaveResult],
     extract_again: Callable[[str], dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    """Save an extraction. When the session's line moved since it was planned (another send of the session
-    persisted in between), extract_again(source digest) gives a fresh extraction of that very send (from the
-    accepted episode) and that is saved instead, so a message is not extracted into the graph twice. When the send
-    is no longer at hand (a replayed dead letter), the extraction is saved as it is, leaving the line: a
-    message counted twice rather than messages lost."""
+    """Save an extraction with `save` (Neo4jGraphStore.save_episode, or GroupCommit.save). When the session's
+    line moved since it was planned (another send of the session persisted in between), extract_again(source
+    digest) gives a fresh extraction of that very send (from the accepted episode) and that is saved instead,
+    so a message is not extracted into the graph twice. When the send is no longer at hand (a replayed dead
+    letter), the extraction is saved as it is, leaving the line: a message counted twice rather than lost."""
     base = {"episode_id": payload["episode_id"], "user_id": payload["user_id"]}
     check_line = True
     for _ in range(REPLANS + 1):
         if payload.get("status") != "extracted":  # unchanged, forgotten, conflict, dead-lettered upstream
             return {**base, "status": payload.get("status", "unchanged"), "created": False}
         record = EpisodeRecord.model_validate(payload["record"])
-        result = store.save_episode(
+        result = save(
             record,
             [Entity.model_validate(e) for e in payload["entities"]],
             [Relationship.model_validate(r) for r in payload["relationships"]],

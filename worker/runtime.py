@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.deadletter import DeadLetterStore
+from worker.graph.group_commit import GroupCommit
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.inflight import InFlight
 from worker.llm.client import LLMClient, build_client
@@ -25,6 +26,7 @@ class Runtime:
     dead_letters: DeadLetterStore
     inflight: InFlight
     stats: Stats
+    group_commit: GroupCommit
     _schema_ready: bool = field(default=False)
 
     def ensure_schema(self) -> None:
@@ -50,17 +52,32 @@ def runtime() -> Runtime:
 
             settings = get_settings()
             redis = Redis.from_url(settings.redis_url, socket_timeout=10, health_check_interval=30)
+            store = Neo4jGraphStore.from_settings(settings)
+            stats = Stats(redis)
             _runtime = Runtime(
                 settings=settings,
                 redis=redis,
-                store=Neo4jGraphStore.from_settings(settings),
+                store=store,
                 llm=None if settings.llm_model == OFFLINE else build_client(settings, lambda: redis),
                 dead_letters=DeadLetterStore(redis),
                 inflight=InFlight(redis),
-                stats=Stats(redis),
+                stats=stats,
+                group_commit=GroupCommit(
+                    store,
+                    settings.persist_batch,
+                    settings.persist_batch_wait_ms / 1000,
+                    _batch_wait_s(settings),
+                    stats.committed,
+                ),
             )
             _pid = os.getpid()
         return _runtime
+
+
+def _batch_wait_s(settings: Settings) -> float:
+    """How long a persist task waits for the transaction holding its episode: the one before it and its own,
+    each with the driver's retries (30 s) on top of the server-side timeout."""
+    return 2 * (settings.neo4j_tx_timeout_s + 30.0) + 10.0
 
 
 def shutdown_runtime() -> None:

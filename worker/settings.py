@@ -140,6 +140,18 @@ class Settings(BaseSettings):
     sweep_grace_s: int = Field(
         60, ge=0, le=86_400, description="With the broker idle, an episode silent this long counts as lost."
     )
+    persist_batch: int = Field(
+        50,
+        ge=1,
+        le=1_000,
+        description="Most episodes one persist transaction writes together when many wait (1: each alone).",
+    )
+    persist_batch_wait_ms: int = Field(
+        50,
+        ge=0,
+        le=5_000,
+        description="How long a persist batch waits for more episodes once it holds one.",
+    )
     extract_context_messages: int = Field(
         4, ge=0, le=100, description="Earlier messages sent as context when a session grows."
     )

@@ -18,6 +18,8 @@ LLM_PROMPT_TOKENS = "llm_prompt_tokens"
 LLM_COMPLETION_TOKENS = "llm_completion_tokens"
 LLM_COST_USD = "llm_cost_usd"
 DROPPED = "dropped:"  # + entity or relationship: items of LLM answers left out by validation
+PERSIST_TRANSACTIONS = "persist_transactions"  # persist transactions committed (each holds one or more episodes)
+PERSIST_TRANSACTION_EPISODES = "persist_transaction_episodes"  # the episodes those transactions held
 
 
 class Stats:
@@ -47,6 +49,10 @@ class Stats:
 
     def persisted(self) -> None:
         self._add({EPISODES_PERSISTED: 1})
+
+    def committed(self, episodes: int) -> None:
+        """A persist transaction holding `episodes` episodes committed (worker/graph/group_commit.py)."""
+        self._add({PERSIST_TRANSACTIONS: 1, PERSIST_TRANSACTION_EPISODES: episodes})
 
     def _add(self, counts: dict[str, int], cost_usd: float = 0.0) -> None:
         try:

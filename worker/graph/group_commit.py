@@ -1,0 +1,149 @@
+"""Group commit for the persist stage: the episodes that persist threads hand over while a transaction runs
+are written together in the next one.
+
+Each persist task still handles one message: it hands its extraction to `GroupCommit.save` and waits for
+the transaction holding it, so its message is acknowledged only after that commit, and its retries, dead
+letter and outcome stay its own. One thread per process writes: it takes what is waiting (at most
+`max_batch` episodes) and writes it with `save_episodes` in one transaction. Under a light load a batch is
+one episode and nothing waits longer than before; under a heavy one, the commit, the fulltext refresh and
+the round trips are paid once per batch.
+
+A failure of a batch:
+- transient (Neo4j away, a timeout, a deadlock): every episode of it gets the error, and each task retries
+  with backoff as it would alone;
+- anything else (one episode refused, e.g. an id that belongs to another user): each episode of the batch
+  is written again alone, so only the bad one fails (and is retried or dead-lettered by its task).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from worker.errors import StoreError, StoreUnavailable
+from worker.graph.params import EpisodeWrite
+from worker.models import Entity, EpisodeRecord, Relationship, SaveResult, SessionProgress
+
+log = logging.getLogger(__name__)
+
+
+class BatchWriter(Protocol):
+    def save_episodes(
+        self, writes: Sequence[EpisodeWrite], progress: Mapping[str, SessionProgress] | None = None
+    ) -> list[SaveResult]: ...
+
+
+@dataclass
+class _Pending:
+    write: EpisodeWrite
+    progress: SessionProgress | None
+    done: threading.Event = field(default_factory=threading.Event)
+    result: SaveResult | None = None
+    error: BaseException | None = None
+
+    @property
+    def episode_id(self) -> str:
+        return self.write[0].id
+
+
+class GroupCommit:
+    def __init__(
+        self,
+        store: BatchWriter,
+        max_batch: int,
+        linger_s: float,
+        wait_s: float,
+        committed: Callable[[int], None] = lambda episodes: None,
+    ) -> None:
+        """max_batch: most episodes in one transaction (1: each alone, no writer thread); linger_s: how long
+        the writer waits for more once it holds one; wait_s: how long a caller waits for its batch before
+        it fails with StoreUnavailable (its task retries; a save that still commits later is found stored
+        by the retry); committed(episodes) is told of each transaction committed."""
+        self._store = store
+        self._committed = committed
+        self._max_batch = max_batch
+        self._linger_s = linger_s
+        self._wait_s = wait_s
+        self._queue: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def save(
+        self,
+        record: EpisodeRecord,
+        entities: Sequence[Entity],
+        relationships: Sequence[Relationship],
+        progress: SessionProgress | None = None,
+    ) -> SaveResult:
+        """Write one episode (as Neo4jGraphStore.save_episode), in a transaction shared with others."""
+        item = _Pending((record, entities, relationships), progress)
+        if self._max_batch <= 1:
+            self._commit([item])
+        else:
+            self._start()
+            self._queue.put(item)
+            if not item.done.wait(self._wait_s):
+                raise StoreUnavailable("the batch holding this episode did not finish in time", cause="GroupCommit")
+        if item.error is not None:
+            raise item.error
+        assert item.result is not None
+        return item.result
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="persist-group-commit", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        carried: _Pending | None = None
+        while True:
+            batch = [carried or self._queue.get()]
+            carried = None
+            ids = {batch[0].episode_id}
+            until = time.monotonic() + self._linger_s
+            while len(batch) < self._max_batch:
+                try:
+                    item = self._queue.get(timeout=max(0.0, until - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item.episode_id in ids:  # the same episode twice (a redelivery): the next batch, after this one
+                    carried = item
+                    break
+                batch.append(item)
+                ids.add(item.episode_id)
+            self._commit(batch)
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        try:
+            progress = {p.episode_id: p.progress for p in batch if p.progress is not None}
+            results = self._store.save_episodes([p.write for p in batch], progress)
+        except StoreUnavailable as exc:
+            for p in batch:  # each caller raises its own copy (a traceback is per raise)
+                p.error = StoreUnavailable(str(exc), cause=exc.cause)
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0].error = exc
+            else:
+                log.warning(
+                    "persist batch refused; writing its episodes one by one",
+                    extra={"episodes": len(batch), "error_class": _error_class(exc)},
+                )
+                for p in batch:
+                    self._commit([p])
+        else:
+            for p, result in zip(batch, results, strict=True):
+                p.result = result
+            self._committed(len(batch))
+        finally:
+            for p in batch:
+                p.done.set()
+
+
+def _error_class(exc: BaseException) -> str:
+    return (exc.cause if isinstance(exc, StoreError) else None) or type(exc).__name__
