@@ -42,6 +42,13 @@ def main() -> None:
 @main.command()
 @click.option("--extract-concurrency", default=16, show_default=True, help="Threads for LLM extraction.")
 @click.option(
+    "--extract-processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Extract worker processes, each with --extract-concurrency threads (one Python process uses one core).",
+)
+@click.option(
     "--persist-concurrency",
     default=32,
     show_default=True,
@@ -49,7 +56,9 @@ def main() -> None:
 )
 @click.option("--queues", default=f"{EXTRACT_QUEUE},{PERSIST_QUEUE}", show_default=True)
 @click.option("--loglevel", default="INFO", show_default=True)
-def worker(extract_concurrency: int, persist_concurrency: int, queues: str, loglevel: str) -> None:
+def worker(
+    extract_concurrency: int, extract_processes: int, persist_concurrency: int, queues: str, loglevel: str
+) -> None:
     """Start workers for the extract and persist queues (and restart them if they die)."""
     from worker.supervisor import Child, supervise
 
@@ -68,7 +77,8 @@ def worker(extract_concurrency: int, persist_concurrency: int, queues: str, logl
     def sweep() -> int:
         return _sweep(client, redis, settings, settings.silent_episode_s)
 
-    children = [Child(q, concurrency[q], loglevel) for q in wanted]
+    processes = {EXTRACT_QUEUE: extract_processes, PERSIST_QUEUE: 1}
+    children = [Child(q, concurrency[q], loglevel, index=i) for q in wanted for i in range(processes[q])]
     sys.exit(supervise(children, sweep, settings.sweep_interval_s, settings.shutdown_grace_s))
 
 

@@ -51,6 +51,18 @@ def test_correct_answer(standin: StandIn, llm_settings: Settings) -> None:
     assert sent["response_format"]["type"] in ("json_object", "json_schema")
 
 
+def test_a_priced_model_records_what_litellm_prices_the_call_at(standin: StandIn, llm_settings: Settings) -> None:
+    """The cost is read from the price litellm put on the response (not computed a second time per call)."""
+    import litellm
+
+    standin.push(answer(GOOD))
+    priced = llm_settings.model_copy(update={"llm_model": "openai/gpt-4o-mini"})
+    extraction = extract(CONVERSATION, settings=priced)
+    prompt_cost, completion_cost = litellm.cost_per_token(model="gpt-4o-mini", prompt_tokens=120, completion_tokens=30)
+    assert extraction.usage.cost_usd > 0
+    assert abs(extraction.usage.cost_usd - (prompt_cost + completion_cost)) < 1e-12
+
+
 def test_answer_in_markdown_fences_is_accepted(standin: StandIn, llm_settings: Settings) -> None:
     standin.push(Reply(content="```json\n" + json.dumps(GOOD) + "\n```"))
     extraction = extract(CONVERSATION, settings=llm_settings)

@@ -39,7 +39,11 @@ class WorkerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 60) -> WorkerProcess:
-        queues = 1 if "--queues" in self.args else 2  # one `ready.` line per queue's Celery worker
+        # one `ready.` line per Celery worker: one per queue, and --extract-processes of the extract queue
+        extract = (
+            int(self.args[self.args.index("--extract-processes") + 1]) if "--extract-processes" in self.args else 1
+        )
+        queues = 1 if "--queues" in self.args else 1 + extract
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "api_stub.cli", "worker", "--loglevel", "INFO", *self.args],

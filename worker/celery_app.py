@@ -106,7 +106,10 @@ app = Celery("memory")
 def _configure(sender: Celery, **_: Any) -> None:
     import celery.app.trace
 
+    from worker.kombu_clients import reuse_redis_clients
+
     sender.conf.update(celery_config(get_settings()))
+    reuse_redis_clients()
     # Celery logs a task's return value on success; ours can hold conversation text. Ids and timing only.
     celery.app.trace.LOG_SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
 

@@ -23,6 +23,7 @@ class Child:
     queue: str
     concurrency: int
     loglevel: str
+    index: int = 0  # several workers on one queue: each its own node name (Flower, liveness)
     process: subprocess.Popen[bytes] | None = None
     restarts: int = field(default=0)
 
@@ -41,7 +42,7 @@ class Child:
             "-c",
             str(self.concurrency),
             "-n",
-            f"{self.queue}@%h",
+            f"{self.queue}@%h" if not self.index else f"{self.queue}-{self.index}@%h",
             "-E",
             "--without-gossip",
             "--without-mingle",

@@ -31,6 +31,7 @@ from worker.settings import Settings
 EPISODES = int(os.environ.get("BENCH_EPISODES", "3000"))
 LLM_DELAY_S = 2.0
 EXTRACT_THREADS = 160
+EXTRACT_PROCESSES = int(os.environ.get("BENCH_EXTRACT_PROCESSES", "2"))
 ANSWER = {"summary": "met people", "entities": [{"name": "Anna", "type": "person"}, {"name": "Lisbon"}]}
 
 
@@ -66,7 +67,9 @@ def main() -> None:
         "MEMORY_LLM_API_KEY": "sk-bench",
     }
     logs = Path(tempfile.mkdtemp())
-    worker = WorkerProcess(logs / "worker.log", env, "--extract-concurrency", str(EXTRACT_THREADS)).start()
+    threads = str(EXTRACT_THREADS // EXTRACT_PROCESSES)
+    args = ("--extract-concurrency", threads, "--extract-processes", str(EXTRACT_PROCESSES))
+    worker = WorkerProcess(logs / "worker.log", env, *args).start()
     assert worker.process is not None
     rss: list[float] = []
     stop = threading.Event()
@@ -102,6 +105,7 @@ def main() -> None:
         "episodes": EPISODES,
         "llm_delay_s": LLM_DELAY_S,
         "extract_threads": EXTRACT_THREADS,
+        "extract_processes": EXTRACT_PROCESSES,
         "persisted_per_s": round(EPISODES / seconds, 1),
         "steady_persisted_per_s": round(_steady_rate(timeline), 1),
         "llm_calls": standin.calls,

@@ -151,10 +151,7 @@ class LLMClient:
         response = litellm.completion(**kwargs)
         text = response.choices[0].message.content or ""
         usage = getattr(response, "usage", None)
-        try:
-            cost = float(litellm.completion_cost(completion_response=response) or 0.0)
-        except Exception:  # a model without a known price costs "unknown", recorded as 0
-            cost = 0.0
+        cost = _cost_usd(litellm, response)
         return LLMReply(
             text=text,
             model=route.model,
@@ -166,6 +163,20 @@ class LLMClient:
                 cost_usd=cost,
             ),
         )
+
+
+def _cost_usd(litellm: ModuleType, response: Any) -> float:
+    """What litellm priced the call at: it prices every response as it returns it (`response_cost` in its
+    hidden params), so it is read from there, and computed again only when absent. A model without a
+    known price costs "unknown", recorded as 0."""
+    try:
+        hidden = getattr(response, "_hidden_params", None) or {}
+        cost = hidden.get("response_cost")
+        if cost is None:
+            cost = litellm.completion_cost(completion_response=response)
+        return float(cost or 0.0)
+    except Exception:
+        return 0.0
 
 
 def build_client(settings: Settings, redis_factory: Callable[[], Any] | None = None) -> LLMClient:
