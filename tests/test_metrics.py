@@ -50,6 +50,7 @@ def test_metrics_report_queues_dead_letters_worker_totals_and_recall_latency(cle
     stats.extracted({"extraction": "degraded", "llm_calls": 2, "prompt_tokens": 800, "completion_tokens": 50})
     stats.persisted()
     stats.persisted()
+    stats.committed(2)
     letters = DeadLetterStore(clean_redis)
     letters.add(
         stage="persist",
@@ -70,6 +71,8 @@ def test_metrics_report_queues_dead_letters_worker_totals_and_recall_latency(cle
     assert got['memory_queue_depth{queue="memory.extract"}'] == 3
     assert got['memory_queue_depth{queue="memory.persist"}'] == 1
     assert got["memory_episodes_persisted_total"] == 2
+    assert got["memory_persist_transactions_total"] == 1
+    assert got["memory_persist_transaction_episodes_total"] == 2
     assert got['memory_extractions_total{kind="llm"}'] == 1
     assert got["memory_extractions_degraded_total"] == 1
     assert got["memory_llm_calls_total"] == 4

@@ -10,6 +10,7 @@ from typing import Any
 from celery import Celery
 
 from worker.celery_app import celery_config
+from worker.kombu_clients import reuse_redis_clients
 from worker.settings import get_settings
 
 FIRST_QUEUE = "bench.noop.first"
@@ -29,6 +30,7 @@ def _configure(sender: Celery, **_: Any) -> None:
         task_routes={FIRST: {"queue": FIRST_QUEUE}, SECOND: {"queue": SECOND_QUEUE}},
     )
     sender.conf.update(config)
+    reuse_redis_clients()
 
 
 app.on_configure.connect(_configure)
