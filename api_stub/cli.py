@@ -286,16 +286,32 @@ def recall(user_id: str, query: str, limit: int | None, as_json: bool) -> None:
 
 @main.command()
 @click.option("--user", "user_id", required=True)
+@click.option("--episode", "episode_id", default=None, help="Forget only this episode.")
+@click.option("--session", "session_id", default=None, help="Forget only this session's episodes.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def forget(user_id: str, yes: bool) -> None:
-    """Erase everything kept about a user (graph, dead letters, cached keywords)."""
+def forget(user_id: str, episode_id: str | None, session_id: str | None, yes: bool) -> None:
+    """Erase everything kept about a user (graph, dead letters, cached keywords), or one episode or session."""
     from api_stub.client import MemoryClient
 
-    if not yes and not click.confirm(f"erase all memory of user {user_id!r}?"):
+    if episode_id is not None and session_id is not None:
+        raise click.UsageError("give --episode or --session, not both")
+    what = (
+        f"episode {episode_id!r} of user {user_id!r}"
+        if episode_id is not None
+        else f"session {session_id!r} of user {user_id!r}"
+        if session_id is not None
+        else f"all memory of user {user_id!r}"
+    )
+    if not yes and not click.confirm(f"erase {what}?"):
         sys.exit(1)
     client = MemoryClient(_settings())
     try:
-        report = client.forget_user(user_id)
+        if episode_id is not None:
+            report: Any = client.forget_episode(user_id, episode_id)
+        elif session_id is not None:
+            report = client.forget_session(user_id, session_id)
+        else:
+            report = client.forget_user(user_id)
     except MemoryServiceError as exc:
         raise click.ClickException(str(exc)) from None
     finally:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
+    from api_stub.forget_part import ForgetPartReport
     from api_stub.recall import RecallCounters
 
 from worker.errors import EpisodeRejected, QueueFull
@@ -252,11 +253,11 @@ class MemoryClient:
 
     def forget_user(self, user_id: str) -> ForgetReport:
         """Erase everything kept about the user; idempotent. Raises if the store cannot be reached."""
+        from api_stub.forget_part import purge_cached_keywords
         from api_stub.recall import check_user_id
         from worker import erasure
         from worker.deadletter import DeadLetterStore
         from worker.identity import user_tag
-        from worker.keys import keywords_cache_pattern
 
         user_id = check_user_id(user_id)
         recall = self._recall()
@@ -270,9 +271,7 @@ class MemoryClient:
             graph = recall.store.delete_user(user_id)
             dead_letters = DeadLetterStore(self._redis).purge_user(user_id)
             self._in_flight().purge_user(user_id, accepted_until=erased_at)
-            cached = 0
-            for key in self._redis.scan_iter(keywords_cache_pattern(user_tag(user_id)), count=500):
-                cached += int(self._redis.delete(key))
+            cached = purge_cached_keywords(self._redis, user_id)
         finally:  # persists of the user wait no longer (a failed erasure is retried by its caller)
             recall.store.erasure_done(user_id, window)
         report = ForgetReport(
@@ -290,6 +289,37 @@ class MemoryClient:
                 "event": "forget",
                 "user_id": user_id,
                 "removed": report.model_dump(exclude={"user_id"}),
+                "latency_ms": round((time.perf_counter() - started) * 1000, 2),
+            },
+        )
+        return report
+
+    def forget_episode(self, user_id: str, episode_id: str) -> ForgetPartReport:
+        """Forget one episode: it, its text and index entries, and exactly what it added to entities and
+        relationships; work for it accepted before now never writes it again. Idempotent; an episode id
+        stored for another user is refused (QueryRejected). See api_stub/forget_part.py."""
+        return self._forget_part(user_id, episode_id=episode_id)
+
+    def forget_session(self, user_id: str, session_id: str) -> ForgetPartReport:
+        """Forget every episode of one session, and the session's extraction progress (a later send of the
+        session is extracted again). Idempotent."""
+        return self._forget_part(user_id, session_id=session_id)
+
+    def _forget_part(self, user_id: str, **which: str) -> ForgetPartReport:
+        from api_stub.forget_part import forget_part
+        from api_stub.recall import check_user_id
+
+        user_id = check_user_id(user_id)
+        recall = self._recall()
+        started = time.perf_counter()
+        report = forget_part(recall.store, self._redis, user_id, **which)
+        audit.info(
+            "forget",
+            extra={
+                "event": "forget_" + ("episode" if "episode_id" in which else "session"),
+                "user_id": user_id,
+                **which,
+                "removed": report.model_dump(exclude={"user_id", "episode_id", "session_id"}),
                 "latency_ms": round((time.perf_counter() - started) * 1000, 2),
             },
         )

@@ -3,6 +3,8 @@
     POST   /v1/episodes                 202 {episode_id, task_id}    validate + enqueue, never waits for the LLM
     POST   /v1/recall                   200 MemoryContext            degraded (not an error) when a store is down
     DELETE /v1/users/{user_id}/memory   200 ForgetReport             idempotent erasure
+    DELETE /v1/users/{user_id}/episodes/{episode_id}   200 ForgetPartReport   one episode, idempotent
+    DELETE /v1/users/{user_id}/sessions/{session_id}   200 ForgetPartReport   one session, idempotent
     GET    /healthz                     200 / 503                    no token needed; says only up or down,
                                                                  probes the stores at most once per 2 s
     GET    /metrics                     Prometheus text              see api_stub/metrics.py
@@ -31,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from api_stub.client import EpisodeReceipt, ForgetReport, MemoryClient
+from api_stub.forget_part import ForgetPartReport
 from api_stub.health_probe import CachedHealth
 from api_stub.http_limits import BodySizeLimit
 from api_stub.metrics import registry
@@ -168,6 +171,14 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
     @app.delete("/v1/users/{user_id:path}/memory", dependencies=guarded, responses=problems)
     def forget(user_id: str) -> ForgetReport:
         return memory.forget_user(user_id)
+
+    @app.delete("/v1/users/{user_id:path}/episodes/{episode_id}", dependencies=guarded, responses=problems)
+    def forget_episode(user_id: str, episode_id: str) -> ForgetPartReport:
+        return memory.forget_episode(user_id, episode_id)
+
+    @app.delete("/v1/users/{user_id:path}/sessions/{session_id}", dependencies=guarded, responses=problems)
+    def forget_session(user_id: str, session_id: str) -> ForgetPartReport:
+        return memory.forget_session(user_id, session_id)
 
     health = CachedHealth(memory.health)  # open to anyone: at most one probe of the stores per 2 s
 

@@ -70,7 +70,7 @@ class MemoryCollector(Collector):
         )
         yield CounterMetricFamily(
             "memory_persist_transaction_episodes",
-            "Episodes written by those transactions (divided by them: episodes per transaction).",
+            "Episodes handed to those transactions, written or not (divided by them: episodes per transaction).",
             totals.get(stats.PERSIST_TRANSACTION_EPISODES, 0.0),
         )
         kinds = CounterMetricFamily("memory_extractions", "Finished extractions by kind.", labels=["kind"])

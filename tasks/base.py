@@ -16,9 +16,10 @@ from tasks.policy import retry_delay_s
 from worker import erasure, keys
 from worker.celery_app import args_repr
 from worker.deadletter import Stage, record_id
+from worker.graph.forget import episode_tombstone, session_tombstone
 from worker.identity import user_tag
 from worker.runtime import Runtime, runtime
-from worker.sessions import erased_since
+from worker.sessions import erased_since, progress_key
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,13 @@ class StageTask(Task):  # type: ignore[misc]
 
 
 def _erased_after_acceptance(rt: Runtime, payload: dict[str, Any], user_id: str) -> bool:
-    at = erasure.erased_at(rt.redis, user_tag(user_id)) if user_id else None
+    """Was the user erased, or this episode or its session forgotten, after the work was accepted?"""
+    if not user_id:
+        return False
     accepted = payload.get("accepted_at", (payload.get("record") or {}).get("accepted_at"))
-    return at is not None and erased_since(accepted, at)
+    episode = payload.get("episode") or payload.get("record") or {}
+    tombstones = [episode_tombstone(user_id, _episode_id(payload))]
+    if episode.get("session_id"):
+        tombstones.append(session_tombstone(progress_key(user_id, str(episode["session_id"]))))
+    at = max(erasure.erased_at(rt.redis, user_tag(user_id)) or 0.0, erasure.forgotten_at(rt.redis, tombstones))
+    return erased_since(accepted, at)

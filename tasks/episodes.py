@@ -9,7 +9,7 @@ from worker.celery_app import EXTRACT_TASK, PERSIST_TASK, app
 from worker.models import Episode
 from worker.pipeline import extract_stage, persist_stage
 from worker.runtime import Runtime
-from worker.sessions import messages_digest
+from worker.sessions import messages_digest, progress_key
 
 
 class ExtractTask(StageTask):
@@ -52,12 +52,27 @@ def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
             return fresh
 
         outcome = persist_stage(payload, save=rt.group_commit.save, extract_again=extract_again)
+        if outcome["status"] == "unchanged" and _stored_by_this_send(rt, payload):
+            outcome = {**outcome, "status": "persisted"}
         if outcome["status"] == "persisted" and outcome["created"]:
             rt.stats.persisted()
         rt.inflight.done(outcome["episode_id"])  # final: persisted, unchanged, forgotten, conflict, dead-lettered
         return self.redelivered(outcome)
 
     return self.guarded(payload, body)
+
+
+def _stored_by_this_send(rt: Runtime, payload: dict[str, Any]) -> bool:
+    """Is this very send stored (its id, with its digest)? An extraction found `unchanged` can be one whose
+    earlier delivery persisted it: its extract message came back after a lost worker and was extracted again
+    before that persist committed. The caller's wait() must then say persisted, not unchanged."""
+    record = payload.get("record") or {}
+    digest = record.get("source_digest")
+    if payload.get("status") != "extracted" or not digest:
+        return False
+    user = str(record["user_id"])
+    state = rt.store.write_state(user, progress_key(user, str(record["session_id"])), str(record["id"]))
+    return state.episode_user == user and state.episode_digest == digest
 
 
 extract_episode = app.task(bind=True, base=ExtractTask, name=EXTRACT_TASK)(_extract)

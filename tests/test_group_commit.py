@@ -4,21 +4,25 @@ transaction, each caller still gets its own outcome, and one refused episode fai
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from api_stub.client import MemoryClient
 from tests.factories import entities, record, relation
-from tests.ingest_helpers import graph_facts
+from tests.ingest_helpers import graph_facts, wait_until
 from tests.services import RedisClient
 from tests.workers import WorkerProcess
 from worker import keys, stats
 from worker.deadletter import DeadLetterStore
-from worker.errors import StoreRequestError
+from worker.errors import StoreRequestError, StoreUnavailable
 from worker.graph.group_commit import GroupCommit
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.inflight import InFlight
-from worker.models import EpisodeRecord, SaveResult
+from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
+from worker.models import EpisodeRecord, SaveResult, SessionProgress
+from worker.sessions import progress_key
+from worker.settings import Settings
 
 Workers = Callable[..., WorkerProcess]
 
@@ -79,7 +83,8 @@ def test_one_refused_episode_fails_alone_and_the_rest_of_its_batch_commits(
 
 def test_the_same_episode_twice_at_once_is_written_once(store: Neo4jGraphStore, new_user: Callable[[str], str]) -> None:
     user = new_user("twice")
-    commit = GroupCommit(store, max_batch=50, linger_s=0.5, wait_s=60)
+    commits: list[int] = []
+    commit = GroupCommit(store, max_batch=50, linger_s=0.5, wait_s=60, committed=commits.append)
     one = record(user, "a redelivered save meets its original")
     outcomes = save_together(commit, [one, one, record(user, "another", session_id="s2")])
     results = [o for o in outcomes if isinstance(o, SaveResult)]
@@ -90,36 +95,140 @@ def test_the_same_episode_twice_at_once_is_written_once(store: Neo4jGraphStore, 
     ]
     facts = graph_facts(store, user)
     assert facts["episodes"] == 2 and facts["mentions"] == facts["pairs"] == facts["counters"]
+    assert sorted(commits) == [1, 2]  # the second copy waited for the next transaction
 
 
-def test_a_worker_persists_in_batches_and_dead_letters_only_the_bad_episode(
+def save_lines(commit: GroupCommit, items: list[tuple[EpisodeRecord, SessionProgress]]) -> list[Any]:
+    """Handed over in order, 0.1 s apart (within one linger)."""
+    outcomes: list[Any] = [None] * len(items)
+
+    def one(i: int) -> None:
+        try:
+            outcomes[i] = commit.save(items[i][0], entities("Ada"), [], items[i][1])
+        except Exception as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(items))]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join(60)
+    return outcomes
+
+
+def line(user: str, session: str, hashes: tuple[str, ...], start: int) -> SessionProgress:
+    return SessionProgress(
+        key=progress_key(user, session),
+        user_id=user,
+        session_id=session,
+        extracted=len(hashes),
+        digest="-".join(hashes),
+        hashes=hashes,
+        start=start,
+    )
+
+
+def test_two_sends_of_one_session_are_never_in_one_transaction(
+    store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    """The second send is checked against the line the first one left (stored), as if written one by one:
+    here the first is refused as a conflict (its id is taken with other content), so the longer send, planned
+    from the start, must still be written, not dropped as already extracted."""
+    user = new_user("line")
+    taken = record(user, "other content", session_id="elsewhere")
+    assert store.save_episode(taken, [], []).created
+    reused = record(user, "m1", session_id="s", episode_id=taken.id).model_copy(update={"source_digest": "x"})
+    longer = record(user, "m1 m2", session_id="s")
+    commits: list[int] = []
+    commit = GroupCommit(store, max_batch=50, linger_s=1.0, wait_s=60, committed=commits.append)
+    first, second = save_lines(
+        commit, [(reused, line(user, "s", ("h1",), 0)), (longer, line(user, "s", ("h1", "h2"), 0))]
+    )
+    assert first.outcome == "conflict"
+    assert second.outcome == "created"
+    assert len(commits) == 2  # one send of the session per transaction
+    assert store.write_state(user, progress_key(user, "s"), "-").line.extracted == 2  # type: ignore[union-attr]
+
+
+def test_a_user_being_erased_waits_alone_and_the_rest_of_the_batch_is_written(
+    store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    erased, others = new_user("erasing"), new_user("others")
+    window = store.mark_erased(erased, time.time() - 60)  # an erasure still deleting
+    commit = GroupCommit(store, max_batch=50, linger_s=1.0, wait_s=60)
+    records = [record(others, f"e{i}", session_id=f"s{i}") for i in range(5)]
+    records.append(record(erased, "sent after the erasure began").model_copy(update={"accepted_at": time.time()}))
+    outcomes = save_together(commit, records)
+    assert [o.outcome for o in outcomes[:5] if isinstance(o, SaveResult)] == ["created"] * 5
+    assert isinstance(outcomes[5], SaveResult) and outcomes[5].outcome == "erasing"
+    store.erasure_done(erased, window)
+    assert commit.save(records[5], entities("Ada", "Bo"), [relation("Ada", "Bo")]).created
+
+
+def test_a_store_outage_reaches_every_episode_of_the_batch_as_transient(
+    settings: Settings, new_user: Callable[[str], str]
+) -> None:
+    closed = Neo4jGraphStore.from_settings(
+        settings.model_copy(update={"neo4j_uri": "bolt://127.0.0.1:9", "neo4j_retry_time_s": 0.0})
+    )
+    user = new_user("outage")
+    commit = GroupCommit(closed, max_batch=50, linger_s=0.5, wait_s=60)
+    outcomes = save_together(commit, [record(user, f"e{i}", session_id=f"s{i}") for i in range(4)])
+    closed.close()
+    assert all(isinstance(o, StoreUnavailable) for o in outcomes)
+    assert len({id(o) for o in outcomes}) == 4  # each caller raises its own error
+
+
+def test_a_worker_writes_what_waits_in_few_transactions(
     clean_redis: RedisClient,
     workers: Workers,
     client: MemoryClient,
     store: Neo4jGraphStore,
     new_user: Callable[[str], str],
 ) -> None:
-    """Episodes queued before the worker starts reach the persist stage together: fewer transactions than
-    episodes (the metrics' counters), every receipt reports its own outcome, the one whose id another user
-    holds is dead-lettered alone, nothing stays in flight or unacknowledged."""
+    """40 extractions waiting when a persist worker starts are written in a few transactions (the metrics'
+    counters), every receipt reports its own outcome, nothing stays in flight or unacknowledged."""
+    user = new_user("batched")
+    said = [{"role": "user", "content": "I walked with Ada and Bo by the river."}]
+    receipts = [client.add_episode(user, f"s{i}", said) for i in range(40)]
+    workers("--queues", EXTRACT_QUEUE)
+    wait_until(lambda: clean_redis.llen(PERSIST_QUEUE) == 40, 60, "40 extractions waiting for persistence")
+    workers("--queues", PERSIST_QUEUE, MEMORY_PERSIST_BATCH_WAIT_MS="300")
+    states = [s.state for s in client.wait(receipts, timeout_s=120)]
+    assert states == ["persisted"] * 40
+    totals: dict[str, Any] = stats.Stats(clean_redis).snapshot()
+    assert totals[stats.PERSIST_TRANSACTION_EPISODES] == 40
+    assert totals[stats.PERSIST_TRANSACTIONS] <= 8  # 32 threads take 32 at once: batches, not 40 commits
+    facts = graph_facts(store, user)
+    assert facts["episodes"] == 40 and facts["mentions"] == facts["pairs"] == facts["counters"]
+    assert InFlight(clean_redis).count() == 0
+    assert clean_redis.hlen(keys.KOMBU_UNACKED) == 0
+
+
+def test_a_worker_dead_letters_only_the_bad_episode_of_a_batch(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    new_user: Callable[[str], str],
+) -> None:
     owner, user = new_user("owner"), new_user("batched")
     taken = record(owner, "held by another user")
     assert store.save_episode(taken, [], []).created
     said = [{"role": "user", "content": "I walked with Ada and Bo by the river."}]
-    receipts = [client.add_episode(user, f"s{i}", said) for i in range(40)]
+    receipts = [client.add_episode(user, f"s{i}", said) for i in range(10)]
     receipts.append(client.add_episode(user, "bad", said, episode_id=taken.id))
-    workers(MEMORY_PERSIST_BATCH_WAIT_MS="300")
+    workers("--queues", EXTRACT_QUEUE)
+    wait_until(lambda: clean_redis.llen(PERSIST_QUEUE) == 11, 60, "11 extractions waiting for persistence")
+    workers("--queues", PERSIST_QUEUE, MEMORY_PERSIST_BATCH_WAIT_MS="300")
     states = {s.episode_id: s.state for s in client.wait(receipts, timeout_s=120)}
     assert states.pop(taken.id) == "dead_lettered"
-    assert set(states.values()) == {"persisted"} and len(states) == 40
+    assert set(states.values()) == {"persisted"} and len(states) == 10
     letters = DeadLetterStore(clean_redis).list()
     assert [(d.episode_id, d.stage, d.error_class) for d in letters] == [(taken.id, "persist", "StoreRequestError")]
-    totals: dict[str, Any] = stats.Stats(clean_redis).snapshot()
-    assert totals[stats.PERSIST_TRANSACTION_EPISODES] == 40
-    assert totals[stats.PERSIST_TRANSACTIONS] < 40 / 2  # batches, not one transaction per episode
-    assert store.stats(user).episodes == 40 and store.stats(owner).episodes == 1
+    assert store.stats(user).episodes == 10 and store.stats(owner).episodes == 1
     assert InFlight(clean_redis).count() == 0
-    assert clean_redis.hlen(keys.KOMBU_UNACKED) == 0
 
 
 def test_a_batch_of_one_writes_without_a_writer_thread(store: Neo4jGraphStore, new_user: Callable[[str], str]) -> None:

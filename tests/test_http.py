@@ -41,6 +41,8 @@ def test_without_a_valid_token_every_memory_endpoint_answers_401(server: ServerP
         ("POST", "/v1/episodes", {"user_id": "u", "session_id": "s", "messages": conversation("Lyon")}),
         ("POST", "/v1/recall", {"user_id": "u", "query": "where do I live"}),
         ("DELETE", "/v1/users/u/memory", None),
+        ("DELETE", "/v1/users/u/episodes/e1", None),
+        ("DELETE", "/v1/users/u/sessions/s1", None),
         ("GET", "/metrics", None),
     ]
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
@@ -95,6 +97,29 @@ def test_episode_recall_and_forget_end_to_end(
         assert _sample(text, "memory_episodes_persisted_total") == persisted_before + 2
         assert _sample(text, "memory_recall_latency_seconds_count") == 2  # this server's recalls
     store.delete_user(other)
+
+
+def test_forget_one_episode_and_one_session_over_http(
+    server: ServerProcess, store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    from tests.factories import entities, record
+
+    user, other = new_user("http-part"), new_user("http-part-other")
+    one, two = record(user, "Lyon by bike", session_id="a"), record(user, "Oslo by train", session_id="b")
+    theirs = record(other, "not yours")
+    for r in (one, two, theirs):
+        store.save_episode(r, entities("Lyon"), [])
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=10) as http:
+        gone = http.delete(f"/v1/users/{user}/episodes/{one.id}")
+        assert gone.status_code == 200, gone.text
+        assert gone.json()["episodes"] == 1 and gone.json()["entities_updated"] == 1
+        assert http.delete(f"/v1/users/{user}/episodes/{one.id}").json()["episodes"] == 0  # idempotent
+        refused = http.delete(f"/v1/users/{user}/episodes/{theirs.id}")
+        assert refused.status_code == 422 and refused.json()["field"] == "episode_id", refused.text
+        session = http.delete(f"/v1/users/{user}/sessions/b")
+        assert session.status_code == 200 and session.json()["episodes"] == 1
+        assert session.json()["entities_removed"] == 1
+    assert store.stats(user).episodes == 0 and store.stats(other).episodes == 1
 
 
 def _sample(text: str, name: str) -> float:

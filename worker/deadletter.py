@@ -155,8 +155,15 @@ class DeadLetterStore:
         )
         return task_id
 
-    def purge_user(self, user_id: str) -> int:
+    def purge_user(self, user_id: str, only: Callable[[DeadLetter], bool] | None = None) -> int:
+        """Remove the user's records (only those for which only(record) holds, when given)."""
         members = self._redis.smembers(keys.dlq_user(user_tag(user_id)))
-        removed = sum(self.remove(m.decode() if isinstance(m, bytes) else m) for m in members)
-        self._redis.delete(keys.dlq_user(user_tag(user_id)))
+        removed = 0
+        for member in members:
+            rid = member.decode() if isinstance(member, bytes) else member
+            letter = self.get(rid) if only is not None else None
+            if only is None or (letter is not None and only(letter)):
+                removed += int(self.remove(rid))
+        if only is None:
+            self._redis.delete(keys.dlq_user(user_tag(user_id)))
         return removed

@@ -21,6 +21,20 @@ def erased_at(redis: Any, tag: str) -> float | None:
     return None if raw is None else float(raw)
 
 
+def mark_forgotten(redis: Any, tombstones: list[str], at: float) -> None:
+    """An episode or session forgotten at `at` (its tombstones, worker/graph/forget.py)."""
+    pipe = redis.pipeline(transaction=False)
+    for tombstone in tombstones:
+        pipe.set(keys.forgotten_key(tombstone), repr(at), ex=ERASURE_KEY_TTL_S)
+    pipe.execute()
+
+
+def forgotten_at(redis: Any, tombstones: list[str]) -> float:
+    """When the latest of these tombstones was written (0: never)."""
+    values = redis.mget([keys.forgotten_key(t) for t in tombstones]) if tombstones else []
+    return max((float(v) for v in values if v is not None), default=0.0)
+
+
 # Check and write in one step: a write checked before an erasure's mark and landing after its cleanup scan
 # would otherwise keep the user's data. With the script, a write either lands before the mark (and the scan,
 # which starts after the mark, finds and deletes it) or sees the mark and writes nothing.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from worker import keys
@@ -59,18 +60,27 @@ class InFlight:
             out.append((episode_id, json.loads(raw)["payload"]))
         return out
 
-    def purge_user(self, user_id: str, accepted_until: float | None = None) -> int:
+    def purge_user(
+        self,
+        user_id: str,
+        accepted_until: float | None = None,
+        only: Callable[[str, dict[str, Any]], bool] | None = None,
+    ) -> int:
         """Remove the user's records (only those accepted up to `accepted_until` when given: an episode sent
-        after an erasure began is the user's new memory and keeps its record)."""
+        after an erasure began is the user's new memory and keeps its record; only those for which
+        only(episode id, payload) holds, when given)."""
         removed = 0
         for raw_id, raw in self._redis.hscan_iter(keys.INFLIGHT_PAYLOADS, count=500):
             record = json.loads(raw)
             if record["user_id"] != user_id:
                 continue
             payload = record["payload"]
+            episode_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+            if only is not None and not only(episode_id, payload):
+                continue
             accepted = payload.get("accepted_at", (payload.get("record") or {}).get("accepted_at"))
             if accepted_until is None or (accepted or 0.0) <= accepted_until:
-                self.done(raw_id.decode() if isinstance(raw_id, bytes) else raw_id)
+                self.done(episode_id)
                 removed += 1
         return removed
 

@@ -54,6 +54,12 @@ def keywords_cache_pattern(user_tag: str) -> str:
     return f"{PREFIX}:kw:{user_tag}:*"
 
 
+def forgotten_key(tombstone: str) -> str:
+    """When an episode or session was last forgotten (worker/graph/forget.py's tombstone, mirrored here for
+    the dead-letter path, which runs when Neo4j may be down)."""
+    return f"{PREFIX}:forgotten:{tombstone}"
+
+
 def erasure_key(user_tag: str) -> str:
     """When the user was last erased (epoch seconds): the dead-letter path checks it, since a stage that
     fails for good after an erasure must not keep the user's text in a dead letter."""

@@ -199,14 +199,15 @@ class SessionProgress(_Frozen):
     erased_at: float = 0.0  # the user's last erasure when the extraction was planned (a later one: plan again)
 
 
-SaveOutcome = Literal["created", "exists", "forgotten", "unchanged", "conflict", "moved"]
+SaveOutcome = Literal["created", "exists", "forgotten", "unchanged", "conflict", "moved", "erasing"]
 
 
 class SaveResult(_Frozen):
     """created: written now; exists: this very send was already stored (a redelivery); forgotten: accepted
     before its user was erased, dropped; unchanged: the session's line already holds every message;
     conflict: the episode id is stored with other content; moved: the session's line moved since the
-    extraction was planned, so part of it was extracted by another send (extract again). Only `created`
+    extraction was planned, so part of it was extracted by another send (extract again); erasing: an erasure
+    of the user is deleting right now (try again after it). Only `created`
     writes the episode."""
 
     episode_id: str

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from worker.errors import SessionMovedError
+from worker.errors import SessionMovedError, StoreUnavailable
 from worker.extraction import extract
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.graph.params import window_texts
@@ -96,8 +96,8 @@ def extract_stage(
     accepted_at = payload.get("accepted_at")
     digest = messages_digest(episode.messages)
     state = store.write_state(episode.user_id, progress_key(episode.user_id, episode.session_id), episode.id)
-    if erased_since(accepted_at, state.erased_at):
-        return {**base, "status": "forgotten"}  # the user was erased after this was accepted: no model call
+    if erased_since(accepted_at, max(state.erased_at, state.forgotten_at)):
+        return {**base, "status": "forgotten"}  # erased or forgotten after this was accepted: no model call
     if state.episode_digest and state.episode_user == episode.user_id:
         if state.episode_digest != digest:
             return {**base, "status": "conflict"}  # this id is stored with other content
@@ -170,6 +170,8 @@ def persist_stage(
             [Relationship.model_validate(r) for r in payload["relationships"]],
             SessionProgress.model_validate(payload["progress"]) if check_line else None,
         )
+        if result.outcome == "erasing":  # transient: the stage retries once the erasure is done
+            raise StoreUnavailable("an erasure of this user is running; the episode is persisted after it")
         if result.outcome == "conflict":
             return {**base, "status": "conflict", "created": False}
         if result.outcome != "moved":

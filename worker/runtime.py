@@ -76,8 +76,9 @@ def runtime() -> Runtime:
 
 def _batch_wait_s(settings: Settings) -> float:
     """How long a persist task waits for the transaction holding its episode: the one before it and its own,
-    each with the driver's retries (30 s) on top of the server-side timeout."""
-    return 2 * (settings.neo4j_tx_timeout_s + 30.0) + 10.0
+    each with the driver's retries on top of the server-side timeout, and a margin for the linger and a
+    refused batch written again one by one."""
+    return 2 * (settings.neo4j_tx_timeout_s + settings.neo4j_retry_time_s) + 60.0
 
 
 def shutdown_runtime() -> None:

@@ -58,6 +58,7 @@ class WriteState:
     erased_at: float  # epoch seconds of the user's last erasure, 0 if never
     episode_user: str | None  # owner of an episode already stored under this id
     episode_digest: str | None  # its source digest (None: no such episode, or stored before digests)
+    forgotten_at: float = 0.0  # epoch seconds this episode or its session was last forgotten, 0 if never
 
 
 def erased_since(accepted_at: float | None, erased_at: float) -> bool:

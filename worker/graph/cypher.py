@@ -26,6 +26,9 @@ SCHEMA: tuple[str, ...] = (
     "CREATE INDEX episode_user_occurred IF NOT EXISTS FOR (e:Episode) ON (e.user_id, e.occurred_at)",
     "CREATE INDEX entity_user IF NOT EXISTS FOR (n:Entity) ON (n.user_id)",
     "CREATE INDEX chunk_user IF NOT EXISTS FOR (c:Chunk) ON (c.user_id)",
+    "CREATE INDEX episode_user_session IF NOT EXISTS FOR (e:Episode) ON (e.user_id, e.session_id)",
+    "CREATE CONSTRAINT forgotten_key IF NOT EXISTS FOR (t:Forgotten) REQUIRE t.key IS UNIQUE",
+    "CREATE INDEX forgotten_user IF NOT EXISTS FOR (t:Forgotten) ON (t.user_id)",
     "CREATE CONSTRAINT chunk_window IF NOT EXISTS FOR (c:Chunk) REQUIRE (c.episode_id, c.seq) IS UNIQUE",
     "DROP INDEX episode_text IF EXISTS",  # replaced by episode_terms (see README: upgrading)
     f"CREATE FULLTEXT INDEX {EPISODE_TERMS} IF NOT EXISTS FOR (e:Episode) "
@@ -95,7 +98,8 @@ SET n.mentions = n.mentions + 1,
     n.last_seen = CASE WHEN $now > n.last_seen THEN $now ELSE n.last_seen END,
     n.type = CASE WHEN n.type = 'other' THEN row.type ELSE n.type END,
     n.description = CASE WHEN row.description <> '' THEN row.description ELSE n.description END
-MERGE (e)-[:MENTIONS]->(n)
+MERGE (e)-[m:MENTIONS]->(n)
+SET m.description = row.description
 RETURN row.episode_id AS id, count(n) AS n
 """
 
@@ -105,6 +109,9 @@ MATCH (a:Entity {uid: row.source_uid})
 MATCH (b:Entity {uid: row.target_uid})
 MERGE (a)-[r:RELATED_TO]->(b)
 ON CREATE SET r.user_id = row.user_id, r.weight = 0.0, r.episodes = [], r.description = ''
+// support: how many episodes add to it (the list of their ids keeps only the last 50); a relationship from
+// before the counter starts from that list
+SET r.support = coalesce(r.support, size(r.episodes)) + 1
 SET r.weight = r.weight + row.weight,
     r.description = CASE WHEN row.description <> '' THEN row.description ELSE r.description END,
     r.episodes = (r.episodes + row.episode_id)[-50..],
@@ -151,9 +158,14 @@ WRITE_STATE = """
 OPTIONAL MATCH (p:SessionProgress {key: $key}) WHERE p.user_id = $user_id
 OPTIONAL MATCH (u:UserMark {user_tag: $tag})
 OPTIONAL MATCH (e:Episode {id: $episode_id})
+CALL () { OPTIONAL MATCH (t:Forgotten) WHERE t.key IN $tombstones RETURN max(t.at) AS forgotten_at }
 RETURN p.extracted AS extracted, p.digest AS digest, p.hashes AS hashes,
-       coalesce(u.erased_at, 0.0) AS erased_at, e.user_id AS episode_user, e.source_digest AS episode_digest
+       coalesce(u.erased_at, 0.0) AS erased_at, e.user_id AS episode_user, e.source_digest AS episode_digest,
+       coalesce(forgotten_at, 0.0) AS forgotten_at
 """
+
+# When the episodes and sessions of a persist batch were last forgotten (worker/graph/forget.py).
+FORGOTTEN_AT = "UNWIND $keys AS key MATCH (t:Forgotten {key: key}) RETURN t.key AS key, t.at AS at"
 
 # Episodes stored before search terms existed: found in batches, given their terms and windows.
 EPISODES_WITHOUT_TERMS = """
@@ -358,11 +370,19 @@ RETURN count(*) AS n
 
 # Episodes first (their MENTIONS go with them), then entities (with their RELATED_TO), then their search
 # windows and session progress (counted together as other nodes).
+DELETE_USER_FORGOTTEN_BATCH = """
+MATCH (n:Forgotten {user_id: $user_id})
+WITH n LIMIT $batch
+DETACH DELETE n
+RETURN count(*) AS n
+"""
+
 DELETE_USER_BATCHES = (
     DELETE_USER_EPISODES_BATCH,
     DELETE_USER_ENTITIES_BATCH,
     DELETE_USER_CHUNKS_BATCH,
     DELETE_USER_PROGRESS_BATCH,
+    DELETE_USER_FORGOTTEN_BATCH,  # tombstones of forgotten episodes and sessions (the erasure mark covers them)
 )
 
 STATS_ALL = """

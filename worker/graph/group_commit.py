@@ -10,7 +10,8 @@ the round trips are paid once per batch.
 
 A failure of a batch:
 - transient (Neo4j away, a timeout, a deadlock): every episode of it gets the error, and each task retries
-  with backoff as it would alone;
+  with backoff as it would alone (a user being erased is not such a failure: only that user's episodes
+  wait, outcome `erasing`);
 - anything else (one episode refused, e.g. an id that belongs to another user): each episode of the batch
   is written again alone, so only the bad one fails (and is retried or dead-lettered by its task).
 """
@@ -101,23 +102,46 @@ class GroupCommit:
                 self._thread.start()
 
     def _run(self) -> None:
-        carried: _Pending | None = None
+        deferred: list[_Pending] = []
         while True:
-            batch = [carried or self._queue.get()]
-            carried = None
-            ids = {batch[0].episode_id}
-            until = time.monotonic() + self._linger_s
-            while len(batch) < self._max_batch:
-                try:
-                    item = self._queue.get(timeout=max(0.0, until - time.monotonic()))
-                except queue.Empty:
-                    break
-                if item.episode_id in ids:  # the same episode twice (a redelivery): the next batch, after this one
-                    carried = item
-                    break
+            try:
+                batch, deferred = self._gather(deferred)
+                self._commit(batch)
+            except Exception as exc:  # never leave callers waiting on a dead writer
+                log.error("persist writer failed", extra={"error_class": type(exc).__name__})
+
+    def _gather(self, deferred: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
+        """The next batch, and what waits for a later one. At most one episode per session (and so per
+        episode id) in a batch: the session line a send is checked against is then the one stored, exactly
+        as if the sends were written one by one. Lingers while episodes keep arriving (a gap of a fifth of
+        linger_s ends it), up to linger_s."""
+        batch: list[_Pending] = []
+        later: list[_Pending] = []
+        sessions: set[tuple[str, str]] = set()
+
+        def take(item: _Pending) -> None:
+            session = (item.write[0].user_id, item.write[0].session_id)
+            if session in sessions or len(batch) >= self._max_batch:
+                later.append(item)
+            else:
                 batch.append(item)
-                ids.add(item.episode_id)
-            self._commit(batch)
+                sessions.add(session)
+
+        for item in deferred:
+            take(item)
+        if not batch:
+            take(self._queue.get())
+        until = time.monotonic() + self._linger_s
+        gap = self._linger_s / 5
+        while len(batch) < self._max_batch:
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                take(self._queue.get(timeout=min(left, gap)))
+            except queue.Empty:
+                break
+        return batch, later
 
     def _commit(self, batch: list[_Pending]) -> None:
         try:

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from worker.graph import cypher
 from worker.graph.candidates import CANDIDATES, candidate_params, candidates_statement, search_terms
 from worker.graph.errors import translated
+from worker.graph.forget import ForgetCounts, episode_tombstone, forget_transaction, session_tombstone
 from worker.graph.fusion import FusionWeights, Ranked, fuse
 from worker.graph.lucene import build_query, terms_query
 from worker.graph.params import EpisodeWrite, reindex_rows
@@ -235,7 +236,13 @@ class Neo4jGraphStore:
     def write_state(self, user_id: str, key: str, episode_id: str) -> WriteState:
         """What the extract stage checks before it calls the model (one read): the session's line, the
         user's last erasure, and an episode already stored under this id."""
-        params = {"key": key, "user_id": user_id, "tag": user_tag(user_id), "episode_id": episode_id}
+        params = {
+            "key": key,
+            "user_id": user_id,
+            "tag": user_tag(user_id),
+            "episode_id": episode_id,
+            "tombstones": [episode_tombstone(user_id, episode_id), session_tombstone(key)],
+        }
         with translated("write_state"), self._read_session() as session:
             row = session.run(cypher.WRITE_STATE, params).single(strict=True)
         line = None
@@ -247,7 +254,17 @@ class Neo4jGraphStore:
             erased_at=float(row["erased_at"]),
             episode_user=row["episode_user"],
             episode_digest=row["episode_digest"],
+            forgotten_at=float(row["forgotten_at"]),
         )
+
+    def forget(
+        self, user_id: str, at: float, *, episode_id: str | None = None, session_id: str | None = None
+    ) -> ForgetCounts:
+        """Remove one episode (or every episode of one session) of the user and take back what it added to
+        entities and relationships; work for it accepted before `at` is never written (worker/graph/forget.py).
+        Idempotent. An episode id stored for another user: StoreRequestError."""
+        with translated("forget"), self._session() as session:
+            return self._write(session, forget_transaction, user_id, at, episode_id, session_id)
 
     def mark_erased(self, user_id: str, at: float, erasing_for_s: float = 600.0) -> str:
         """Record that the user was erased at `at` (epoch seconds): from now on, persist transactions drop

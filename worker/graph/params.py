@@ -167,5 +167,11 @@ def _episode_rows(
 
     episode = record.model_dump(exclude={"message_spans", "window_vectors"})
     episode["user_tag"] = tag
+    # What this episode adds to each relationship, so that forgetting it takes back exactly that
+    # (worker/graph/forget.py).
+    episode["rel_sources"] = [r["source_uid"] for r in rels.values()]
+    episode["rel_targets"] = [r["target_uid"] for r in rels.values()]
+    episode["rel_weights"] = [r["weight"] for r in rels.values()]
+    episode["rel_descriptions"] = [r["description"] for r in rels.values()]
     episode["terms"] = indexed(f"{record.summary}\n{record.content or ''}")  # as reindex_rows does
     return episode, list(by_key.values()), list(rels.values())

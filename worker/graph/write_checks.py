@@ -1,7 +1,8 @@
 """What a persist transaction checks, under locks, before it writes an episode.
 
-1. Erasure: the user's mark is locked; an episode accepted before the user's last erasure is dropped
-   ("forgotten"), so work queued or retrying when `forget_user` ran never writes after it.
+1. Erasure: the user's mark is locked; an episode accepted before the user's last erasure, or before its
+   episode or session was last forgotten (worker/graph/forget.py), is dropped ("forgotten"), so work queued
+   or retrying when `forget_user` / `forget_episode` / `forget_session` ran never writes after it.
 2. The session's line is locked and the extraction's plan checked again (worker/sessions.py): a send
    whose messages the line already holds is dropped ("unchanged"); one whose line moved past where its
    extraction began must be extracted again ("moved").
@@ -16,12 +17,12 @@ from typing import Any
 
 from neo4j import ManagedTransaction
 
-from worker.errors import StoreUnavailable
 from worker.graph import cypher
+from worker.graph.forget import episode_tombstone, session_tombstone
 from worker.graph.params import EpisodeWrite
 from worker.identity import user_tag
 from worker.models import SaveOutcome, SessionProgress
-from worker.sessions import StoredLine, decide, erased_since
+from worker.sessions import StoredLine, decide, erased_since, progress_key
 
 
 def check_writes(
@@ -32,14 +33,20 @@ def check_writes(
     now = time.time()
     tags = sorted({user_tag(record.user_id) for record, _, _ in writes})
     erased: dict[str, float] = {}
+    erasing: set[str] = set()
     for row in tx.run(cypher.LOCK_USERS, tags=tags, now=now):
         if float(row["erasing_until"]) > now:
-            raise StoreUnavailable("an erasure of this user is running; the episode is persisted after it")
+            erasing.add(row["tag"])  # only this user's episodes wait; the rest of a batch is written
         erased[row["tag"]] = float(row["erased_at"])
     refused: dict[str, SaveOutcome] = {}
+    forgotten = _forgotten_at(tx, writes)
     for record, _, _ in writes:
-        if erased_since(record.accepted_at, erased.get(user_tag(record.user_id), 0.0)):
+        if user_tag(record.user_id) in erasing:
+            refused[record.id] = "erasing"
+        elif erased_since(record.accepted_at, erased.get(user_tag(record.user_id), 0.0)):
             refused[record.id] = "forgotten"
+        elif erased_since(record.accepted_at, forgotten.get(record.id, 0.0)):
+            refused[record.id] = "forgotten"  # the episode, or its session, was forgotten after it was accepted
     rows = sorted(
         {p.key: p for episode_id, p in progress.items() if episode_id not in refused}.values(), key=lambda p: p.key
     )
@@ -62,6 +69,20 @@ def check_writes(
         else:  # a later send of the same session in this batch is checked against this one's line
             lines[p.key] = StoredLine(p.extracted, p.digest, p.hashes)
     return refused
+
+
+def _forgotten_at(tx: ManagedTransaction, writes: Sequence[EpisodeWrite]) -> dict[str, float]:
+    """Episode id → when it (or its session) was last forgotten; read under the user's lock, which a forget
+    takes too, so a forget either committed before this transaction (and is seen) or waits for it."""
+    keys: dict[str, list[str]] = {}
+    for record, _, _ in writes:
+        session = session_tombstone(progress_key(record.user_id, record.session_id))
+        keys[record.id] = [episode_tombstone(record.user_id, record.id), session]
+    at = {
+        row["key"]: float(row["at"])
+        for row in tx.run(cypher.FORGOTTEN_AT, keys=sorted({k for ks in keys.values() for k in ks}))
+    }
+    return {episode_id: max((at.get(k, 0.0) for k in ks), default=0.0) for episode_id, ks in keys.items()}
 
 
 def _lock_row(p: SessionProgress) -> dict[str, Any]:

@@ -1,0 +1,198 @@
+"""Forget one episode or one session of a user: the transaction that removes them from the graph.
+
+What an episode added is taken back exactly:
+- each entity it mentions loses one mention (its MENTIONS edge goes); an entity no episode mentions any more
+  is deleted, and one that stays takes the description of the latest remaining episode that gave one (none:
+  empty, so no words of the forgotten episode stay);
+- each relationship it supported loses the weight the episode added and the episode's id, recorded on the
+  episode when it was saved (`rel_sources`, `rel_targets`, `rel_weights`, `rel_descriptions`); a relationship
+  no episode supports any more (`support` 0) is deleted, one that stays takes the description of the latest
+  remaining episode that gave one. Episodes saved before these records existed give back an equal share of
+  the weight (weight / support) instead;
+- its search windows (Chunk) and the episode itself go;
+- the session's extraction progress goes when no episode of the session remains (forget_session: always),
+  so a later send of the session is extracted again; while other episodes of the session remain it stays,
+  or their messages would be extracted twice.
+
+A tombstone (:Forgotten {key, at}) is written in the same transaction, under the user's lock that persist
+transactions take too: work for that episode (or session) accepted before `at` (queued, retrying, a
+redelivered message) is dropped by the extract stage and by the persist transaction, so a forget after an
+add wins whatever the order in which the workers get to it. A send accepted after the forget is new memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neo4j import ManagedTransaction
+
+from worker.errors import StoreRequestError
+from worker.identity import user_tag
+from worker.sessions import progress_key
+
+
+@dataclass(frozen=True)
+class ForgetCounts:
+    episodes: int
+    entities_removed: int
+    entities_updated: int
+    relationships_removed: int
+    relationships_updated: int
+    session_progress: int
+
+
+def episode_tombstone(user_id: str, episode_id: str) -> str:
+    return f"episode:{user_tag(user_id)}:{episode_id}"
+
+
+def session_tombstone(session_key: str) -> str:
+    """session_key: the session's progress key (worker/sessions.py progress_key)."""
+    return f"session:{session_key}"
+
+
+LOCK_USER = "MERGE (u:UserMark {user_tag: $tag}) ON CREATE SET u.erased_at = 0.0 SET u.locked_at = $at"
+
+OWNER = "MATCH (e:Episode {id: $episode_id}) RETURN e.user_id AS user_id, e.session_id AS session_id"
+
+SESSION_EPISODES = "MATCH (e:Episode {user_id: $user_id, session_id: $session_id}) RETURN e.id AS id ORDER BY id"
+
+TOMBSTONE = """
+UNWIND $keys AS key
+MERGE (t:Forgotten {key: key})
+ON CREATE SET t.user_id = $user_id, t.at = $at
+SET t.at = CASE WHEN t.at > $at THEN t.at ELSE $at END
+"""
+
+# Relationships the episodes supported, with what each added (recorded at save) or, for an episode saved
+# before those records, an equal share of the weight.
+TAKE_BACK_RELATIONSHIPS = """
+UNWIND $ids AS id
+MATCH (e:Episode {id: id}) WHERE e.user_id = $user_id
+CALL (e) {
+  WITH e WHERE e.rel_sources IS NOT NULL
+  UNWIND range(0, size(e.rel_sources) - 1) AS i
+  MATCH (:Entity {uid: e.rel_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.rel_targets[i]})
+  RETURN r, e.rel_weights[i] AS given
+  UNION
+  WITH e WHERE e.rel_sources IS NULL
+  MATCH (:Entity {user_id: $user_id})-[r:RELATED_TO]->() WHERE e.id IN r.episodes
+  RETURN r, r.weight / coalesce(r.support, size(r.episodes)) AS given
+}
+WITH r, collect(id) AS ids, sum(given) AS given, count(*) AS times
+WITH r, ids, given, times, coalesce(r.support, size(r.episodes)) AS support
+SET r.weight = CASE WHEN support <= times THEN 0.0 ELSE r.weight - given END,
+    r.support = support - times,
+    r.episodes = [x IN r.episodes WHERE NOT x IN ids]
+RETURN elementId(r) AS rid, support - times <= 0 AS gone
+"""
+
+DELETE_RELATIONSHIPS = "UNWIND $rids AS rid MATCH ()-[r]->() WHERE elementId(r) = rid DELETE r"
+
+# A remaining relationship's description: the latest remaining episode (of its list) that gave one.
+REDESCRIBE_RELATIONSHIPS = """
+UNWIND $rids AS rid
+MATCH (a)-[r]->(b) WHERE elementId(r) = rid
+OPTIONAL CALL (r, a, b) {
+  UNWIND range(size(r.episodes) - 1, 0, -1) AS j
+  MATCH (o:Episode {id: r.episodes[j]})
+  WHERE o.rel_sources IS NOT NULL
+  UNWIND range(0, size(o.rel_sources) - 1) AS i
+  WITH j, o, i WHERE o.rel_sources[i] = a.uid AND o.rel_targets[i] = b.uid AND o.rel_descriptions[i] <> ''
+  RETURN o.rel_descriptions[i] AS description
+  ORDER BY j DESC
+  LIMIT 1
+}
+// none left: '' (the forgotten episode's words go), unless an episode saved before these records remains
+WITH r, description, EXISTS { MATCH (o:Episode) WHERE o.id IN r.episodes AND o.rel_sources IS NULL } AS legacy
+SET r.description = CASE WHEN description IS NULL AND legacy THEN r.description ELSE coalesce(description, '') END
+"""
+
+TAKE_BACK_MENTIONS = """
+UNWIND $ids AS id
+MATCH (e:Episode {id: id})-[m:MENTIONS]->(n:Entity) WHERE e.user_id = $user_id
+DELETE m
+WITH n, count(*) AS times
+SET n.mentions = n.mentions - times
+WITH n
+OPTIONAL CALL (n) {
+  MATCH (o:Episode)-[m:MENTIONS]->(n) WHERE coalesce(m.description, '') <> ''
+  RETURN m.description AS description
+  ORDER BY o.created_at DESC, o.id DESC
+  LIMIT 1
+}
+WITH n, description, NOT EXISTS { (:Episode)-[:MENTIONS]->(n) } AS gone,
+     EXISTS { MATCH (:Episode)-[m:MENTIONS]->(n) WHERE m.description IS NULL } AS legacy
+SET n.description = CASE WHEN gone OR (description IS NULL AND legacy) THEN n.description
+                         ELSE coalesce(description, '') END
+WITH n, gone
+CALL (n, gone) {
+  WITH n WHERE gone
+  DETACH DELETE n
+}
+RETURN count(CASE WHEN gone THEN 1 END) AS removed, count(CASE WHEN NOT gone THEN 1 END) AS updated
+"""
+
+DELETE_EPISODES = """
+UNWIND $ids AS id
+MATCH (e:Episode {id: id}) WHERE e.user_id = $user_id
+OPTIONAL MATCH (c:Chunk)-[:OF]->(e)
+DETACH DELETE c
+WITH DISTINCT e
+DETACH DELETE e
+RETURN count(*) AS n
+"""
+
+# The session's progress goes when no episode of it remains.
+DELETE_PROGRESS = """
+MATCH (p:SessionProgress {key: $key}) WHERE p.user_id = $user_id
+  AND ($always OR NOT EXISTS { MATCH (e:Episode {user_id: $user_id, session_id: $session_id}) })
+DELETE p
+RETURN count(*) AS n
+"""
+
+
+def forget_transaction(
+    tx: ManagedTransaction, user_id: str, at: float, episode_id: str | None, session_id: str | None
+) -> ForgetCounts:
+    """Exactly one of episode_id and session_id. An episode id stored for another user is refused."""
+    tx.run(LOCK_USER, tag=user_tag(user_id), at=at).consume()
+    if episode_id is not None:
+        owner = tx.run(OWNER, episode_id=episode_id).single()
+        if owner is not None and owner["user_id"] != user_id:
+            raise StoreRequestError(f"episode {episode_id} belongs to another user", cause="ForeignEpisode")
+        ids = [episode_id] if owner is not None else []
+        keys = [episode_tombstone(user_id, episode_id)]
+        session_of = None if owner is None else str(owner["session_id"])
+    else:
+        assert session_id is not None
+        ids = [r["id"] for r in tx.run(SESSION_EPISODES, user_id=user_id, session_id=session_id)]
+        keys = [session_tombstone(progress_key(user_id, session_id))]
+        session_of = session_id
+    tx.run(TOMBSTONE, keys=keys, user_id=user_id, at=at).consume()
+    rel_rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id))
+    gone = [r["rid"] for r in rel_rows if r["gone"]]
+    kept = [r["rid"] for r in rel_rows if not r["gone"]]
+    if gone:
+        tx.run(DELETE_RELATIONSHIPS, rids=gone).consume()
+    mentions = tx.run(TAKE_BACK_MENTIONS, ids=ids, user_id=user_id).single(strict=True)
+    episodes = int(tx.run(DELETE_EPISODES, ids=ids, user_id=user_id).single(strict=True)["n"]) if ids else 0
+    if kept:
+        tx.run(REDESCRIBE_RELATIONSHIPS, rids=kept).consume()
+    progress = 0
+    if session_of is not None:
+        params: dict[str, Any] = {
+            "key": progress_key(user_id, session_of),
+            "user_id": user_id,
+            "session_id": session_of,
+            "always": session_id is not None,
+        }
+        progress = int(tx.run(DELETE_PROGRESS, params).single(strict=True)["n"])
+    return ForgetCounts(
+        episodes=episodes,
+        entities_removed=int(mentions["removed"]),
+        entities_updated=int(mentions["updated"]),
+        relationships_removed=len(gone),
+        relationships_updated=len(kept),
+        session_progress=progress,
+    )
