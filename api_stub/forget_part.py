@@ -13,17 +13,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from worker import erasure
 from worker.deadletter import DeadLetter, DeadLetterStore
 from worker.errors import QueryRejected, StoreRequestError
-from worker.graph.forget import episode_tombstone, session_tombstone
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.identity import user_tag
 from worker.inflight import InFlight
 from worker.keys import keywords_cache_pattern
-from worker.sessions import progress_key
+from worker.models import Identifier
 
 
 class ForgetPartReport(BaseModel):
@@ -58,9 +57,13 @@ def forget_part(
 ) -> ForgetPartReport:
     """Exactly one of episode_id and session_id; ids are checked by the caller (check_user_id)."""
     which = "episode_id" if episode_id is not None else "session_id"
-    value = episode_id if episode_id is not None else session_id
-    if (episode_id is None) == (session_id is None) or not isinstance(value, str) or not value.strip():
-        raise QueryRejected("give one non-empty episode id or session id", which)
+    if (episode_id is None) == (session_id is None):
+        raise QueryRejected("give one episode id or one session id", which)
+    try:  # checked and normalised as stored episodes' ids are
+        checked = TypeAdapter(Identifier).validate_python(episode_id if episode_id is not None else session_id)
+    except ValidationError as exc:
+        raise QueryRejected(exc.errors()[0]["msg"], which) from None
+    episode_id, session_id = (checked, None) if episode_id is not None else (None, checked)
     at = time.time()
     try:
         counts = store.forget(user_id, at, episode_id=episode_id, session_id=session_id)
@@ -68,17 +71,13 @@ def forget_part(
         if exc.cause == "ForeignEpisode":  # nothing was written: the transaction rolled back
             raise QueryRejected("this episode id is stored for another user", "episode_id") from None
         raise
-    if episode_id is not None:
-        tombstones = [episode_tombstone(user_id, episode_id)]
-    else:
-        tombstones = [session_tombstone(progress_key(user_id, str(session_id)))]
-    erasure.mark_forgotten(redis, tombstones, at)
+    erasure.mark_forgotten(redis, list(counts.tombstones), at)
 
     def named(stored_episode_id: str, payload: dict[str, Any]) -> bool:
-        if episode_id is not None:
-            return stored_episode_id == episode_id
+        if stored_episode_id == episode_id:
+            return True
         episode = payload.get("episode") or payload.get("record") or {}
-        return episode.get("session_id") == session_id
+        return counts.session_forgotten is not None and episode.get("session_id") == counts.session_forgotten
 
     def accepted_before(payload: dict[str, Any]) -> bool:
         accepted = payload.get("accepted_at", (payload.get("record") or {}).get("accepted_at"))

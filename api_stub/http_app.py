@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any
+from urllib.parse import unquote
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -167,18 +168,36 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
             body.user_id, body.query, limit=body.limit, budget_ms=body.budget_ms, strict=body.strict
         )
 
-    # `:path`: a user id may hold "/" (sent as %2F); the erasure of such a user must be reachable too.
-    @app.delete("/v1/users/{user_id:path}/memory", dependencies=guarded, responses=problems)
-    def forget(user_id: str) -> ForgetReport:
-        return memory.forget_user(user_id)
+    # Ids may hold "/" (sent as %2F), and the server decodes the path before routing: which of the three
+    # routes matched says nothing. Each reads the raw path (segments split before decoding) and does what
+    # it names, so `DELETE /v1/users/a%2Fsessions/memory` erases user "a/sessions", never a session.
+    def forget_target(request: Request) -> JSONResponse:
+        raw = request.scope.get("raw_path") or request.url.path.encode()
+        parts = [unquote(p) for p in raw.decode("latin-1").split("?")[0].split("/")]
+        if len(parts) == 5 and parts[:3] == ["", "v1", "users"] and parts[4] == "memory":
+            report: BaseModel = memory.forget_user(parts[3])
+        elif len(parts) == 6 and parts[:3] == ["", "v1", "users"] and parts[4] == "episodes":
+            report = memory.forget_episode(parts[3], parts[5])
+        elif len(parts) == 6 and parts[:3] == ["", "v1", "users"] and parts[4] == "sessions":
+            report = memory.forget_session(parts[3], parts[5])
+        else:
+            return _problem(404, "not_found", "no such resource (a / inside an id is sent as %2F)")
+        return JSONResponse(report.model_dump(mode="json"))
 
-    @app.delete("/v1/users/{user_id:path}/episodes/{episode_id}", dependencies=guarded, responses=problems)
-    def forget_episode(user_id: str, episode_id: str) -> ForgetPartReport:
-        return memory.forget_episode(user_id, episode_id)
+    deleting = {**problems, 200: {"model": ForgetReport}}
+    parting = {**problems, 200: {"model": ForgetPartReport}}
 
-    @app.delete("/v1/users/{user_id:path}/sessions/{session_id}", dependencies=guarded, responses=problems)
-    def forget_session(user_id: str, session_id: str) -> ForgetPartReport:
-        return memory.forget_session(user_id, session_id)
+    @app.delete("/v1/users/{user_id:path}/memory", dependencies=guarded, responses=deleting)
+    def forget(user_id: str, request: Request) -> JSONResponse:
+        return forget_target(request)
+
+    @app.delete("/v1/users/{user_id:path}/episodes/{episode_id:path}", dependencies=guarded, responses=parting)
+    def forget_episode(user_id: str, episode_id: str, request: Request) -> JSONResponse:
+        return forget_target(request)
+
+    @app.delete("/v1/users/{user_id:path}/sessions/{session_id:path}", dependencies=guarded, responses=parting)
+    def forget_session(user_id: str, session_id: str, request: Request) -> JSONResponse:
+        return forget_target(request)
 
     health = CachedHealth(memory.health)  # open to anyone: at most one probe of the stores per 2 s
 

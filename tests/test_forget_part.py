@@ -19,8 +19,10 @@ from worker.deadletter import DeadLetterStore
 from worker.errors import QueryRejected
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.inflight import InFlight
-from worker.models import SessionProgress
+from worker.models import Entity, Limits, SessionProgress, build_episode
+from worker.pipeline import episode_payload, extract_stage, persist_stage
 from worker.sessions import progress_key
+from worker.settings import Settings
 
 Workers = Callable[..., WorkerProcess]
 
@@ -47,7 +49,11 @@ def relation_rows(store: Neo4jGraphStore, user: str) -> dict[tuple[str, str], di
         return {(r["a"], r["b"]): dict(r) for r in rows}
 
 
-def test_forgetting_one_of_two_episodes_leaves_exactly_the_others_counts(
+def described(*pairs: tuple[str, str]) -> list[Entity]:
+    return [Entity(name=name, type="person", description=description) for name, description in pairs]
+
+
+def test_forgetting_one_of_two_episodes_leaves_exactly_the_others_counts_and_words(
     store: Neo4jGraphStore, client: MemoryClient, new_user: Callable[[str], str]
 ) -> None:
     user, other = new_user("two"), new_user("bystander")
@@ -55,41 +61,80 @@ def test_forgetting_one_of_two_episodes_leaves_exactly_the_others_counts(
     second = record(user, "Ada and Bo went sailing", session_id="s2")
     store.save_episode(
         first,
-        entities("Ada", "Bo") + entities("Rock", type_="place"),
+        [*described(("Ada", "climbs"), ("Bo", "climbs too")), *entities("Rock", type_="place")],
         [relation("Ada", "Bo", 0.5, "climbs with"), relation("Ada", "Rock", 1.0, "climbed")],
     )
-    store.save_episode(
-        second, [*entities("Ada"), *entities("Bo")], [relation("Ada", "Bo", 0.25, "")]
-    )  # no description: the first episode's stays the relationship's
+    store.save_episode(second, described(("Ada", "sails"), ("Bo", "")), [relation("Ada", "Bo", 0.25, "sails with")])
     store.save_episode(record(other, "Ada of another user"), entities("Ada"), [relation("Ada", "Bo")])
     before_other = graph_facts(store, other)
+    assert entity_rows(store, user)["Ada"]["description"] == "sails"
 
-    report = client.forget_episode(user, first.id)
-    assert (report.episodes, report.entities_removed, report.entities_updated) == (1, 1, 2)
-    assert (report.relationships_removed, report.relationships_updated) == (1, 1)
+    report = client.forget_episode(user, second.id)  # the latest: what stays is described by the first
+    assert (report.episodes, report.entities_removed, report.entities_updated) == (1, 0, 2)
+    assert (report.relationships_removed, report.relationships_updated) == (0, 1)
     assert report.session_progress == 0  # no progress line was saved for these sessions
     assert entity_rows(store, user) == {
-        "Ada": {"mentions": 1, "description": "about Ada"},
-        "Bo": {"mentions": 1, "description": "about Bo"},
+        "Ada": {"mentions": 1, "description": "climbs"},
+        "Bo": {"mentions": 1, "description": "climbs too"},
+        "Rock": {"mentions": 1, "description": "about Rock"},
     }
     rels = relation_rows(store, user)
-    assert list(rels) == [("Ada", "Bo")]
     ab = rels[("Ada", "Bo")]
-    assert ab["weight"] == pytest.approx(0.25) and ab["support"] == 1 and ab["episodes"] == [second.id]
-    assert ab["description"] == ""  # the forgotten episode's "climbs with" is gone, the other gave none
+    assert ab["weight"] == pytest.approx(0.5) and ab["support"] == 1 and ab["episodes"] == [first.id]
+    assert ab["description"] == "climbs with"
+    assert rels[("Ada", "Rock")]["weight"] == pytest.approx(1.0)
     facts = graph_facts(store, user)
-    assert facts["episodes"] == 1 and facts["mentions"] == facts["pairs"] == facts["counters"] == 2
+    assert facts["episodes"] == 1 and facts["mentions"] == facts["pairs"] == facts["counters"] == 3
     assert graph_facts(store, other) == before_other
 
-    again = client.forget_episode(user, first.id)  # idempotent
+    again = client.forget_episode(user, second.id)  # idempotent
     assert (again.episodes, again.entities_removed, again.relationships_removed) == (0, 0, 0)
 
-    client.forget_episode(user, second.id)
+    client.forget_episode(user, first.id)
     assert graph_facts(store, user) == {"episodes": 0, "names": [], "counters": 0, "mentions": 0, "pairs": 0}
     assert relation_rows(store, user) == {}
     assert graph_facts(store, other) == before_other
     with store._session() as s:
         assert s.run("MATCH (c:Chunk {user_id: $u}) RETURN count(c) AS n", u=user).single(strict=True)["n"] == 0
+
+
+def test_no_words_of_a_forgotten_episode_stay_on_what_remains(
+    store: Neo4jGraphStore, client: MemoryClient, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("words")
+    said = record(user, "the secret", session_id="a")
+    store.save_episode(said, described(("Ada", "keeps the secret")), [relation("Ada", "Bo", 1.0, "hides from")])
+    store.save_episode(
+        record(user, "plain", session_id="b"), described(("Ada", ""), ("Bo", "")), [relation("Ada", "Bo")]
+    )
+    client.forget_episode(user, said.id)
+    assert entity_rows(store, user)["Ada"]["description"] == ""
+    assert relation_rows(store, user)[("Ada", "Bo")]["description"] == "knows"
+
+
+def test_work_accepted_before_a_forget_is_dropped_by_either_stage(
+    settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: Callable[[str], str]
+) -> None:
+    """Extract stage (no model call) and persist transaction each check the tombstone on their own; a
+    pending longer send of a session whose last episode is forgotten is dropped (it holds the forgotten
+    messages), and one accepted after the forget is new memory."""
+    user = new_user("stages")
+    talk = [{"role": "user", "content": "Zanzibar-Q3 is my nickname."}]
+    first = extract_stage(
+        episode_payload(build_episode(user, "s", talk, limits=Limits())), settings=settings, store=store, llm=None
+    )
+    assert persist_stage(first, save=store.save_episode)["status"] == "persisted"
+    longer = build_episode(user, "s", [*talk, {"role": "user", "content": "And I like tea."}], limits=Limits())
+    pending = extract_stage(episode_payload(longer), settings=settings, store=store, llm=None)
+    queued = episode_payload(build_episode(user, "t", talk, limits=Limits()))
+    client.forget_episode(user, first["episode_id"])
+    assert persist_stage(pending, save=store.save_episode)["status"] == "forgotten"
+    client.forget_session(user, "t")
+    assert extract_stage(queued, settings=settings, store=store, llm=None)["status"] == "forgotten"
+    assert graph_facts(store, user)["episodes"] == 0
+    fresh = extract_stage(episode_payload(longer), settings=settings, store=store, llm=None)
+    assert persist_stage(fresh, save=store.save_episode)["status"] == "persisted"  # accepted after: new memory
+    assert graph_facts(store, user)["episodes"] == 1
 
 
 def test_another_users_episode_id_is_refused_and_nothing_changes(
@@ -107,6 +152,8 @@ def test_another_users_episode_id_is_refused_and_nothing_changes(
         assert found["n"] == 0
     with pytest.raises(QueryRejected):
         client.forget_session(owner, "")
+    with pytest.raises(QueryRejected):
+        client.forget_episode(owner, "a\x00b")
 
 
 def test_forgetting_a_session_removes_its_episodes_and_progress_so_a_new_send_is_extracted_again(
@@ -121,8 +168,9 @@ def test_forgetting_a_session_removes_its_episodes_and_progress_so_a_new_send_is
     workers()
     kept = client.add_episode(user, "keep", [{"role": "user", "content": "Bo plays the cello."}])
     first = client.add_episode(user, "trip", talk)
+    assert [s.state for s in client.wait([kept, first], timeout_s=60)] == ["persisted"] * 2
     longer = client.add_episode(user, "trip", [*talk, {"role": "user", "content": "Ada works at a bakery."}])
-    assert [s.state for s in client.wait([kept, first, longer], timeout_s=60)] == ["persisted"] * 3
+    assert [s.state for s in client.wait([longer], timeout_s=60)] == ["persisted"]  # its new message only
     assert graph_facts(store, user)["episodes"] == 3
 
     report = client.forget_session(user, "trip")

@@ -198,8 +198,10 @@ def test_a_worker_writes_what_waits_in_few_transactions(
     states = [s.state for s in client.wait(receipts, timeout_s=120)]
     assert states == ["persisted"] * 40
     totals: dict[str, Any] = stats.Stats(clean_redis).snapshot()
-    assert totals[stats.PERSIST_TRANSACTION_EPISODES] == 40
-    assert totals[stats.PERSIST_TRANSACTIONS] <= 8  # 32 threads take 32 at once: batches, not 40 commits
+    # 32 threads take 32 at once: batches, not 40 commits (a message the broker hands out again is counted
+    # again, which is why this is a ratio)
+    assert totals[stats.PERSIST_TRANSACTION_EPISODES] >= 40
+    assert totals[stats.PERSIST_TRANSACTION_EPISODES] / totals[stats.PERSIST_TRANSACTIONS] >= 5
     facts = graph_facts(store, user)
     assert facts["episodes"] == 40 and facts["mentions"] == facts["pairs"] == facts["counters"]
     assert InFlight(clean_redis).count() == 0

@@ -122,6 +122,31 @@ def test_forget_one_episode_and_one_session_over_http(
     assert store.stats(user).episodes == 0 and store.stats(other).episodes == 1
 
 
+def test_ids_with_slashes_and_names_like_the_routes_reach_what_they_name(
+    server: ServerProcess, store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    """The path is decoded before routing: a user "x/sessions" erased, or a session named "memory" or
+    "chat/7" forgotten, must each do exactly that."""
+    from tests.factories import entities, record
+
+    base = new_user("route")
+    slashed, plain = f"{base}/sessions", base
+    mine = record(plain, "in the session named memory", session_id="memory")
+    slash_session = record(plain, "in chat/7", session_id="chat/7")
+    theirs = record(slashed, "the slashed user's")
+    for r in (mine, slash_session, theirs):
+        store.save_episode(r, entities("Ada"), [])
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=10) as http:
+        memory_session = http.delete(f"/v1/users/{plain}/sessions/memory")
+        assert memory_session.status_code == 200 and memory_session.json()["session_id"] == "memory"
+        assert store.stats(slashed).episodes == 1  # not taken for an erasure of user "{plain}/sessions"
+        chat = http.delete(f"/v1/users/{plain}/sessions/chat%2F7")
+        assert chat.status_code == 200 and chat.json()["episodes"] == 1, chat.text
+        erased = http.delete(f"/v1/users/{plain}%2Fsessions/memory")
+        assert erased.status_code == 200 and erased.json()["user_id"] == slashed and erased.json()["episodes"] == 1
+    assert store.stats(plain).episodes == 0 and store.stats(slashed).episodes == 0
+
+
 def _sample(text: str, name: str) -> float:
     for line in text.splitlines():
         if line.startswith(name + " "):

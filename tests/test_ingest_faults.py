@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from api_stub.cli import enqueue_letter
+from api_stub.cli_dlq import enqueue_letter
 from api_stub.client import MemoryClient
 from tests.ingest_helpers import episodes_for, graph_facts, wait_until
 from tests.llm_standin import Reply, StandIn, answer

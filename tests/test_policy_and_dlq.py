@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from api_stub.cli import enqueue_letter
+from api_stub.cli_dlq import enqueue_letter
 from tasks.policy import backoff_delay_s, is_transient, retry_delay_s
 from tests.services import ROOT, RedisClient
 from worker.deadletter import DeadLetterStore

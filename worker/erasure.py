@@ -21,12 +21,19 @@ def erased_at(redis: Any, tag: str) -> float | None:
     return None if raw is None else float(raw)
 
 
+_SET_LATER = """
+local at = redis.call('GET', KEYS[1])
+if at and tonumber(at) >= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+
+
 def mark_forgotten(redis: Any, tombstones: list[str], at: float) -> None:
-    """An episode or session forgotten at `at` (its tombstones, worker/graph/forget.py)."""
-    pipe = redis.pipeline(transaction=False)
+    """An episode or session forgotten at `at` (its tombstones, worker/graph/forget.py); an earlier time
+    never replaces a later one (two forgets at once)."""
     for tombstone in tombstones:
-        pipe.set(keys.forgotten_key(tombstone), repr(at), ex=ERASURE_KEY_TTL_S)
-    pipe.execute()
+        redis.eval(_SET_LATER, 1, keys.forgotten_key(tombstone), repr(at), ERASURE_KEY_TTL_S)
 
 
 def forgotten_at(redis: Any, tombstones: list[str]) -> float:

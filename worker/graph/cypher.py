@@ -65,20 +65,6 @@ SET u.locked_at = $now
 RETURN tag, u.erased_at AS erased_at, coalesce(u.erasing_until, 0.0) AS erasing_until
 """
 
-# erasing_until: while the erasure's delete batches run (each its own transaction), persists of the user
-# wait (a transient error), so nothing accepted after the mark is half-deleted by a later batch.
-MARK_ERASED = """
-MERGE (u:UserMark {user_tag: $tag})
-SET u.erased_at = CASE WHEN coalesce(u.erased_at, 0.0) > $at THEN u.erased_at ELSE $at END,
-    u.erasing_until = $until, u.erasing_token = $token
-"""
-
-# Only the erasure that opened the window closes it (two erasures of one user may overlap).
-ERASURE_DONE = """
-MATCH (u:UserMark {user_tag: $tag}) WHERE u.erasing_token = $token
-REMOVE u.erasing_until, u.erasing_token
-"""
-
 # The sessions' lines, locked for the rest of the persist transaction (see worker/sessions.py).
 LOCK_PROGRESS = """
 UNWIND $rows AS row
@@ -334,56 +320,6 @@ RETURN [] AS episodes, entities, relations
 """
 
 # --- erase and counts --------------------------------------------------------------------------------
-
-COUNT_USER_RELATIONSHIPS = """
-MATCH (:Entity {user_id: $user_id})-[r:RELATED_TO]->()
-RETURN count(r) AS n
-"""
-
-DELETE_USER_EPISODES_BATCH = """
-MATCH (n:Episode {user_id: $user_id})
-WITH n LIMIT $batch
-DETACH DELETE n
-RETURN count(*) AS n
-"""
-
-DELETE_USER_CHUNKS_BATCH = """
-MATCH (n:Chunk {user_id: $user_id})
-WITH n LIMIT $batch
-DETACH DELETE n
-RETURN count(*) AS n
-"""
-
-DELETE_USER_ENTITIES_BATCH = """
-MATCH (n:Entity {user_id: $user_id})
-WITH n LIMIT $batch
-DETACH DELETE n
-RETURN count(*) AS n
-"""
-
-DELETE_USER_PROGRESS_BATCH = """
-MATCH (n:SessionProgress {user_id: $user_id})
-WITH n LIMIT $batch
-DETACH DELETE n
-RETURN count(*) AS n
-"""
-
-# Episodes first (their MENTIONS go with them), then entities (with their RELATED_TO), then their search
-# windows and session progress (counted together as other nodes).
-DELETE_USER_FORGOTTEN_BATCH = """
-MATCH (n:Forgotten {user_id: $user_id})
-WITH n LIMIT $batch
-DETACH DELETE n
-RETURN count(*) AS n
-"""
-
-DELETE_USER_BATCHES = (
-    DELETE_USER_EPISODES_BATCH,
-    DELETE_USER_ENTITIES_BATCH,
-    DELETE_USER_CHUNKS_BATCH,
-    DELETE_USER_PROGRESS_BATCH,
-    DELETE_USER_FORGOTTEN_BATCH,  # tombstones of forgotten episodes and sessions (the erasure mark covers them)
-)
 
 STATS_ALL = """
 CALL () { MATCH (e:Episode) RETURN count(e) AS episodes }

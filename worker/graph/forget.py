@@ -7,12 +7,15 @@ What an episode added is taken back exactly:
 - each relationship it supported loses the weight the episode added and the episode's id, recorded on the
   episode when it was saved (`rel_sources`, `rel_targets`, `rel_weights`, `rel_descriptions`); a relationship
   no episode supports any more (`support` 0) is deleted, one that stays takes the description of the latest
-  remaining episode that gave one. Episodes saved before these records existed give back an equal share of
-  the weight (weight / support) instead;
+  remaining episode that gave one (none: empty). Episodes saved before these records existed give back an
+  equal share of the weight (weight / support) instead, and a relationship from before the support counter
+  starts it from its list of episode ids, which keeps only the last 50;
 - its search windows (Chunk) and the episode itself go;
 - the session's extraction progress goes when no episode of the session remains (forget_session: always),
-  so a later send of the session is extracted again; while other episodes of the session remain it stays,
-  or their messages would be extracted twice.
+  so a later send of the session is extracted again; the session is then tombstoned too, so that a send of
+  it accepted before the forget and not yet stored (it may hold the forgotten messages) is dropped. While
+  other episodes of the session remain, the line stays: a send of the same history, earlier or later, does
+  not bring the forgotten messages back (they count as extracted).
 
 A tombstone (:Forgotten {key, at}) is written in the same transaction, under the user's lock that persist
 transactions take too: work for that episode (or session) accepted before `at` (queued, retrying, a
@@ -23,7 +26,6 @@ add wins whatever the order in which the workers get to it. A send accepted afte
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from neo4j import ManagedTransaction
 
@@ -40,6 +42,8 @@ class ForgetCounts:
     relationships_removed: int
     relationships_updated: int
     session_progress: int
+    tombstones: tuple[str, ...]  # what was tombstoned (mirrored in Redis for the dead-letter path)
+    session_forgotten: str | None  # the session tombstoned, when it was (its pending sends go too)
 
 
 def episode_tombstone(user_id: str, episode_id: str) -> str:
@@ -53,9 +57,19 @@ def session_tombstone(session_key: str) -> str:
 
 LOCK_USER = "MERGE (u:UserMark {user_tag: $tag}) ON CREATE SET u.erased_at = 0.0 SET u.locked_at = $at"
 
-OWNER = "MATCH (e:Episode {id: $episode_id}) RETURN e.user_id AS user_id, e.session_id AS session_id"
+# A send accepted after the forget is new memory: it is never what is forgotten (the forget may have waited
+# for the user's lock while it was written).
+OWNER = """
+MATCH (e:Episode {id: $episode_id})
+RETURN e.user_id AS user_id, e.session_id AS session_id, coalesce(e.accepted_at, 0.0) > $at AS newer
+"""
 
-SESSION_EPISODES = "MATCH (e:Episode {user_id: $user_id, session_id: $session_id}) RETURN e.id AS id ORDER BY id"
+SESSION_EPISODES = """
+MATCH (e:Episode {user_id: $user_id, session_id: $session_id}) WHERE coalesce(e.accepted_at, 0.0) <= $at
+RETURN e.id AS id ORDER BY id
+"""
+
+REMAINING = "RETURN EXISTS { MATCH (e:Episode {user_id: $user_id, session_id: $session_id}) } AS remaining"
 
 TOMBSTONE = """
 UNWIND $keys AS key
@@ -89,7 +103,8 @@ RETURN elementId(r) AS rid, support - times <= 0 AS gone
 
 DELETE_RELATIONSHIPS = "UNWIND $rids AS rid MATCH ()-[r]->() WHERE elementId(r) = rid DELETE r"
 
-# A remaining relationship's description: the latest remaining episode (of its list) that gave one.
+# A remaining relationship's description: the latest remaining episode (of its list) that gave one; none
+# (or only episodes saved before these records): '' so that no words of a forgotten episode stay.
 REDESCRIBE_RELATIONSHIPS = """
 UNWIND $rids AS rid
 MATCH (a)-[r]->(b) WHERE elementId(r) = rid
@@ -103,9 +118,7 @@ OPTIONAL CALL (r, a, b) {
   ORDER BY j DESC
   LIMIT 1
 }
-// none left: '' (the forgotten episode's words go), unless an episode saved before these records remains
-WITH r, description, EXISTS { MATCH (o:Episode) WHERE o.id IN r.episodes AND o.rel_sources IS NULL } AS legacy
-SET r.description = CASE WHEN description IS NULL AND legacy THEN r.description ELSE coalesce(description, '') END
+SET r.description = coalesce(description, '')
 """
 
 TAKE_BACK_MENTIONS = """
@@ -121,10 +134,8 @@ OPTIONAL CALL (n) {
   ORDER BY o.created_at DESC, o.id DESC
   LIMIT 1
 }
-WITH n, description, NOT EXISTS { (:Episode)-[:MENTIONS]->(n) } AS gone,
-     EXISTS { MATCH (:Episode)-[m:MENTIONS]->(n) WHERE m.description IS NULL } AS legacy
-SET n.description = CASE WHEN gone OR (description IS NULL AND legacy) THEN n.description
-                         ELSE coalesce(description, '') END
+WITH n, description, NOT EXISTS { (:Episode)-[:MENTIONS]->(n) } AS gone
+SET n.description = CASE WHEN gone THEN n.description ELSE coalesce(description, '') END
 WITH n, gone
 CALL (n, gone) {
   WITH n WHERE gone
@@ -143,10 +154,8 @@ DETACH DELETE e
 RETURN count(*) AS n
 """
 
-# The session's progress goes when no episode of it remains.
 DELETE_PROGRESS = """
 MATCH (p:SessionProgress {key: $key}) WHERE p.user_id = $user_id
-  AND ($always OR NOT EXISTS { MATCH (e:Episode {user_id: $user_id, session_id: $session_id}) })
 DELETE p
 RETURN count(*) AS n
 """
@@ -158,18 +167,18 @@ def forget_transaction(
     """Exactly one of episode_id and session_id. An episode id stored for another user is refused."""
     tx.run(LOCK_USER, tag=user_tag(user_id), at=at).consume()
     if episode_id is not None:
-        owner = tx.run(OWNER, episode_id=episode_id).single()
+        owner = tx.run(OWNER, episode_id=episode_id, at=at).single()
         if owner is not None and owner["user_id"] != user_id:
             raise StoreRequestError(f"episode {episode_id} belongs to another user", cause="ForeignEpisode")
-        ids = [episode_id] if owner is not None else []
+        found = owner is not None and not owner["newer"]
+        ids = [episode_id] if found else []
         keys = [episode_tombstone(user_id, episode_id)]
-        session_of = None if owner is None else str(owner["session_id"])
+        session_of = str(owner["session_id"]) if found and owner is not None else None
     else:
         assert session_id is not None
-        ids = [r["id"] for r in tx.run(SESSION_EPISODES, user_id=user_id, session_id=session_id)]
+        ids = [r["id"] for r in tx.run(SESSION_EPISODES, user_id=user_id, session_id=session_id, at=at)]
         keys = [session_tombstone(progress_key(user_id, session_id))]
         session_of = session_id
-    tx.run(TOMBSTONE, keys=keys, user_id=user_id, at=at).consume()
     rel_rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id))
     gone = [r["rid"] for r in rel_rows if r["gone"]]
     kept = [r["rid"] for r in rel_rows if not r["gone"]]
@@ -180,14 +189,19 @@ def forget_transaction(
     if kept:
         tx.run(REDESCRIBE_RELATIONSHIPS, rids=kept).consume()
     progress = 0
+    session_forgotten = session_id
     if session_of is not None:
-        params: dict[str, Any] = {
-            "key": progress_key(user_id, session_of),
-            "user_id": user_id,
-            "session_id": session_of,
-            "always": session_id is not None,
-        }
-        progress = int(tx.run(DELETE_PROGRESS, params).single(strict=True)["n"])
+        last = (
+            session_id is not None
+            or not tx.run(REMAINING, user_id=user_id, session_id=session_of).single(strict=True)["remaining"]
+        )
+        if last:  # the session's line goes, and with it the sends of the session accepted before now
+            if session_id is None:
+                keys.append(session_tombstone(progress_key(user_id, session_of)))
+                session_forgotten = session_of
+            key = progress_key(user_id, session_of)
+            progress = int(tx.run(DELETE_PROGRESS, key=key, user_id=user_id).single(strict=True)["n"])
+    tx.run(TOMBSTONE, keys=keys, user_id=user_id, at=at).consume()
     return ForgetCounts(
         episodes=episodes,
         entities_removed=int(mentions["removed"]),
@@ -195,4 +209,6 @@ def forget_transaction(
         relationships_removed=len(gone),
         relationships_updated=len(kept),
         session_progress=progress,
+        tombstones=tuple(keys),
+        session_forgotten=session_forgotten,
     )

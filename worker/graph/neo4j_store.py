@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from worker.graph import cypher
 from worker.graph.candidates import CANDIDATES, candidate_params, candidates_statement, search_terms
+from worker.graph.erase import UserErasure
 from worker.graph.errors import translated
 from worker.graph.forget import ForgetCounts, episode_tombstone, forget_transaction, session_tombstone
 from worker.graph.fusion import FusionWeights, Ranked, fuse
@@ -25,7 +26,6 @@ from worker.graph.passage import snippet
 from worker.graph.save_tx import save_chunks, save_transaction
 from worker.identity import user_tag
 from worker.models import (
-    DeleteReport,
     Entity,
     EntityHit,
     EpisodeHit,
@@ -57,7 +57,7 @@ def _native(value: Any) -> Any:
     return to_native() if callable(to_native) else value
 
 
-class Neo4jGraphStore:
+class Neo4jGraphStore(UserErasure):
     """Thread-safe: the driver pools connections; each call opens a short session."""
 
     def __init__(
@@ -266,25 +266,6 @@ class Neo4jGraphStore:
         with translated("forget"), self._session() as session:
             return self._write(session, forget_transaction, user_id, at, episode_id, session_id)
 
-    def mark_erased(self, user_id: str, at: float, erasing_for_s: float = 600.0) -> str:
-        """Record that the user was erased at `at` (epoch seconds): from now on, persist transactions drop
-        the user's work accepted before it, and wait while the erasure runs (until erasure_done with the
-        token returned here, or for erasing_for_s if the eraser died). Kept under the user's tag (a hash)."""
-        tag, token = user_tag(user_id), uuid.uuid4().hex
-        until = time.time() + erasing_for_s
-        with translated("mark_erased"), self._session() as session:
-            self._write(
-                session,
-                lambda tx: tx.run(cypher.MARK_ERASED, tag=tag, at=at, until=until, token=token).consume(),
-            )
-        return token
-
-    def erasure_done(self, user_id: str, token: str) -> None:
-        with translated("erasure_done"), self._session() as session:
-            self._write(session, lambda tx: tx.run(cypher.ERASURE_DONE, tag=user_tag(user_id), token=token).consume())
-
-    # --- read --------------------------------------------------------------------------------------
-
     def search(
         self,
         user_id: str,
@@ -388,32 +369,6 @@ class Neo4jGraphStore:
         )
 
     # --- erase, health, counts ---------------------------------------------------------------------
-
-    def delete_user(self, user_id: str) -> DeleteReport:
-        """Batches of delete_batch nodes, each its own transaction, so 100k nodes never build one huge tx."""
-        with translated("delete_user"), self._session() as session:
-            relationships = session.execute_read(
-                lambda tx: tx.run(cypher.COUNT_USER_RELATIONSHIPS, user_id=user_id).single(strict=True)["n"]
-            )
-            counts = [self._delete_in_batches(session, statement, user_id) for statement in cypher.DELETE_USER_BATCHES]
-        log.info("deleted user graph", extra={"user_id": user_id, "episodes": counts[0], "entities": counts[1]})
-        return DeleteReport(
-            user_id=user_id,
-            episodes=counts[0],
-            entities=counts[1],
-            relationships=relationships,
-            other_nodes=sum(counts[2:]),
-        )
-
-    def _delete_in_batches(self, session: Session, statement: str, user_id: str) -> int:
-        def batch(tx: ManagedTransaction) -> int:
-            n: int = tx.run(statement, user_id=user_id, batch=self._delete_batch).single(strict=True)["n"]
-            return n
-
-        total = 0
-        while (n := self._write(session, batch, bulk=True)) > 0:
-            total += n
-        return total
 
     def is_available(self, timeout_s: float = 2.0) -> bool:
         try:
