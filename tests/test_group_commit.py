@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from api_stub.client import MemoryClient
@@ -27,24 +28,31 @@ from worker.settings import Settings
 Workers = Callable[..., WorkerProcess]
 
 
-def save_together(commit: GroupCommit, records: list[EpisodeRecord]) -> list[SaveResult | BaseException]:
-    """Every record saved from its own thread at once, as persist threads do; each one's result or error."""
-    outcomes: list[SaveResult | BaseException] = [RuntimeError("not run")] * len(records)
-    start = threading.Barrier(len(records))
+def save_all(saves: list[Callable[[], SaveResult]], apart_s: float = 0.0) -> list[Any]:
+    """Each save from its own thread, as persist threads do (at once, or handed over in order apart_s
+    apart); each one's result or error."""
+    outcomes: list[Any] = [RuntimeError("not run")] * len(saves)
+    start = threading.Barrier(len(saves)) if not apart_s else None
 
     def one(i: int) -> None:
-        start.wait()
+        if start is not None:
+            start.wait()
         try:
-            outcomes[i] = commit.save(records[i], entities("Ada", "Bo"), [relation("Ada", "Bo")])
+            outcomes[i] = saves[i]()
         except Exception as exc:
             outcomes[i] = exc
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(records))]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(saves))]
     for t in threads:
         t.start()
+        time.sleep(apart_s)
     for t in threads:
         t.join(60)
     return outcomes
+
+
+def save_together(commit: GroupCommit, records: list[EpisodeRecord]) -> list[SaveResult | BaseException]:
+    return save_all([partial(commit.save, r, entities("Ada", "Bo"), [relation("Ada", "Bo")]) for r in records])
 
 
 def test_episodes_waiting_together_share_a_transaction_and_each_gets_its_own_outcome(
@@ -100,21 +108,7 @@ def test_the_same_episode_twice_at_once_is_written_once(store: Neo4jGraphStore, 
 
 def save_lines(commit: GroupCommit, items: list[tuple[EpisodeRecord, SessionProgress]]) -> list[Any]:
     """Handed over in order, 0.1 s apart (within one linger)."""
-    outcomes: list[Any] = [None] * len(items)
-
-    def one(i: int) -> None:
-        try:
-            outcomes[i] = commit.save(items[i][0], entities("Ada"), [], items[i][1])
-        except Exception as exc:
-            outcomes[i] = exc
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(items))]
-    for t in threads:
-        t.start()
-        time.sleep(0.1)
-    for t in threads:
-        t.join(60)
-    return outcomes
+    return save_all([partial(commit.save, r, entities("Ada"), [], p) for r, p in items], apart_s=0.1)
 
 
 def line(user: str, session: str, hashes: tuple[str, ...], start: int) -> SessionProgress:
@@ -180,6 +174,14 @@ def test_a_store_outage_reaches_every_episode_of_the_batch_as_transient(
     assert len({id(o) for o in outcomes}) == 4  # each caller raises its own error
 
 
+def persist_once_all_extracted(workers: Workers, redis: RedisClient, waiting: int) -> None:
+    """An extract worker first; a persist worker only once `waiting` extractions wait for it, so that its
+    threads take them at once."""
+    workers("--queues", EXTRACT_QUEUE)
+    wait_until(lambda: redis.llen(PERSIST_QUEUE) == waiting, 60, f"{waiting} extractions waiting for persistence")
+    workers("--queues", PERSIST_QUEUE, MEMORY_PERSIST_BATCH_WAIT_MS="300")
+
+
 def test_a_worker_writes_what_waits_in_few_transactions(
     clean_redis: RedisClient,
     workers: Workers,
@@ -192,9 +194,7 @@ def test_a_worker_writes_what_waits_in_few_transactions(
     user = new_user("batched")
     said = [{"role": "user", "content": "I walked with Ada and Bo by the river."}]
     receipts = [client.add_episode(user, f"s{i}", said) for i in range(40)]
-    workers("--queues", EXTRACT_QUEUE)
-    wait_until(lambda: clean_redis.llen(PERSIST_QUEUE) == 40, 60, "40 extractions waiting for persistence")
-    workers("--queues", PERSIST_QUEUE, MEMORY_PERSIST_BATCH_WAIT_MS="300")
+    persist_once_all_extracted(workers, clean_redis, 40)
     states = [s.state for s in client.wait(receipts, timeout_s=120)]
     assert states == ["persisted"] * 40
     totals: dict[str, Any] = stats.Stats(clean_redis).snapshot()
@@ -221,9 +221,7 @@ def test_a_worker_dead_letters_only_the_bad_episode_of_a_batch(
     said = [{"role": "user", "content": "I walked with Ada and Bo by the river."}]
     receipts = [client.add_episode(user, f"s{i}", said) for i in range(10)]
     receipts.append(client.add_episode(user, "bad", said, episode_id=taken.id))
-    workers("--queues", EXTRACT_QUEUE)
-    wait_until(lambda: clean_redis.llen(PERSIST_QUEUE) == 11, 60, "11 extractions waiting for persistence")
-    workers("--queues", PERSIST_QUEUE, MEMORY_PERSIST_BATCH_WAIT_MS="300")
+    persist_once_all_extracted(workers, clean_redis, 11)
     states = {s.episode_id: s.state for s in client.wait(receipts, timeout_s=120)}
     assert states.pop(taken.id) == "dead_lettered"
     assert set(states.values()) == {"persisted"} and len(states) == 10
