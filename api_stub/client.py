@@ -253,10 +253,10 @@ class MemoryClient:
 
     def forget_user(self, user_id: str) -> ForgetReport:
         """Erase everything kept about the user; idempotent. Raises if the store cannot be reached."""
-        from api_stub.forget_part import purge_cached_keywords
         from api_stub.recall import check_user_id
         from worker import erasure
         from worker.deadletter import DeadLetterStore
+        from worker.erasure import purge_cached_keywords
         from worker.identity import user_tag
 
         user_id = check_user_id(user_id)

@@ -17,11 +17,10 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from worker import erasure
 from worker.deadletter import DeadLetter, DeadLetterStore
+from worker.erasure import purge_cached_keywords
 from worker.errors import QueryRejected, StoreRequestError
 from worker.graph.neo4j_store import Neo4jGraphStore
-from worker.identity import user_tag
 from worker.inflight import InFlight
-from worker.keys import keywords_cache_pattern
 from worker.models import Identifier
 
 
@@ -40,11 +39,6 @@ class ForgetPartReport(BaseModel):
     in_flight: int
     dead_letters: int
     cached_keywords: int
-
-
-def purge_cached_keywords(redis: Any, user_id: str) -> int:
-    """The user's cached recall keywords (they are derived from queries and may name what was forgotten)."""
-    return sum(int(redis.delete(k)) for k in redis.scan_iter(keywords_cache_pattern(user_tag(user_id)), count=500))
 
 
 def forget_part(

@@ -16,10 +16,10 @@ from tasks.policy import retry_delay_s
 from worker import erasure, keys
 from worker.celery_app import args_repr
 from worker.deadletter import Stage, record_id
-from worker.graph.forget import episode_tombstone, session_tombstone
+from worker.graph.forget import tombstones
 from worker.identity import user_tag
 from worker.runtime import Runtime, runtime
-from worker.sessions import erased_since, progress_key
+from worker.sessions import erased_since
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,7 @@ def _erased_after_acceptance(rt: Runtime, payload: dict[str, Any], user_id: str)
     if not user_id:
         return False
     accepted = payload.get("accepted_at", (payload.get("record") or {}).get("accepted_at"))
-    episode = payload.get("episode") or payload.get("record") or {}
-    tombstones = [episode_tombstone(user_id, _episode_id(payload))]
-    if episode.get("session_id"):
-        tombstones.append(session_tombstone(progress_key(user_id, str(episode["session_id"]))))
-    at = max(erasure.erased_at(rt.redis, user_tag(user_id)) or 0.0, erasure.forgotten_at(rt.redis, tombstones))
+    session = (payload.get("episode") or payload.get("record") or {}).get("session_id")
+    keys = tombstones(user_id, _episode_id(payload), str(session) if session else None)
+    at = max(erasure.erased_at(rt.redis, user_tag(user_id)) or 0.0, erasure.forgotten_at(rt.redis, keys))
     return erased_since(accepted, at)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from worker import keys
+from worker.identity import user_tag
 
 ERASURE_KEY_TTL_S = 7 * 86_400  # longer than any message lives (retries within the visibility timeout)
 
@@ -56,3 +57,8 @@ return 1
 def set_unless_erased(redis: Any, tag: str, started_at: float, key: str, value: str, ttl_s: int) -> bool:
     """SET key value EX ttl_s unless the user was erased after `started_at`; True when written."""
     return bool(redis.eval(_SET_UNLESS_ERASED, 2, keys.erasure_key(tag), key, repr(started_at), value, ttl_s))
+
+
+def purge_cached_keywords(redis: Any, user_id: str) -> int:
+    """The user's cached recall keywords (they are derived from queries and may name what was forgotten)."""
+    return sum(int(redis.delete(k)) for k in redis.scan_iter(keys.keywords_cache_pattern(user_tag(user_id)), count=500))

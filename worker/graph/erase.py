@@ -113,8 +113,6 @@ class UserErasure:
         with translated("erasure_done"), self._session() as session:
             self._write(session, lambda tx: tx.run(ERASURE_DONE, tag=user_tag(user_id), token=token).consume())
 
-    # --- read --------------------------------------------------------------------------------------
-
     def delete_user(self, user_id: str) -> DeleteReport:
         """Batches of delete_batch nodes, each its own transaction, so 100k nodes never build one huge tx."""
         with translated("delete_user"), self._session() as session:

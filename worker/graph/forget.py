@@ -55,6 +55,14 @@ def session_tombstone(session_key: str) -> str:
     return f"session:{session_key}"
 
 
+def tombstones(user_id: str, episode_id: str, session_id: str | None) -> list[str]:
+    """The tombstones that drop work for this episode: its own, and its session's (when known)."""
+    keys = [episode_tombstone(user_id, episode_id)]
+    if session_id:
+        keys.append(session_tombstone(progress_key(user_id, session_id)))
+    return keys
+
+
 LOCK_USER = "MERGE (u:UserMark {user_tag: $tag}) ON CREATE SET u.erased_at = 0.0 SET u.locked_at = $at"
 
 # A send accepted after the forget is new memory: it is never what is forgotten (the forget may have waited
@@ -173,13 +181,13 @@ def forget_transaction(
         found = owner is not None and not owner["newer"]
         ids = [episode_id] if found else []
         keys = [episode_tombstone(user_id, episode_id)]
-        session_of = str(owner["session_id"]) if found and owner is not None else None
+        session_of = str(owner["session_id"]) if owner is not None and found else None
     else:
         assert session_id is not None
         ids = [r["id"] for r in tx.run(SESSION_EPISODES, user_id=user_id, session_id=session_id, at=at)]
         keys = [session_tombstone(progress_key(user_id, session_id))]
         session_of = session_id
-    rel_rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id))
+    rel_rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id)) if ids else []
     gone = [r["rid"] for r in rel_rows if r["gone"]]
     kept = [r["rid"] for r in rel_rows if not r["gone"]]
     if gone:

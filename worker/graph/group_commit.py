@@ -22,21 +22,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from worker.errors import StoreError, StoreUnavailable
 from worker.graph.params import EpisodeWrite
+from worker.graph.protocol import GraphStore
 from worker.models import Entity, EpisodeRecord, Relationship, SaveResult, SessionProgress
 
 log = logging.getLogger(__name__)
-
-
-class BatchWriter(Protocol):
-    def save_episodes(
-        self, writes: Sequence[EpisodeWrite], progress: Mapping[str, SessionProgress] | None = None
-    ) -> list[SaveResult]: ...
 
 
 @dataclass
@@ -55,7 +49,7 @@ class _Pending:
 class GroupCommit:
     def __init__(
         self,
-        store: BatchWriter,
+        store: GraphStore,
         max_batch: int,
         linger_s: float,
         wait_s: float,

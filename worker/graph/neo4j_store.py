@@ -266,6 +266,8 @@ class Neo4jGraphStore(UserErasure):
         with translated("forget"), self._session() as session:
             return self._write(session, forget_transaction, user_id, at, episode_id, session_id)
 
+    # --- read --------------------------------------------------------------------------------------
+
     def search(
         self,
         user_id: str,

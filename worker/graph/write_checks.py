@@ -18,11 +18,11 @@ from typing import Any
 from neo4j import ManagedTransaction
 
 from worker.graph import cypher
-from worker.graph.forget import episode_tombstone, session_tombstone
+from worker.graph.forget import tombstones
 from worker.graph.params import EpisodeWrite
 from worker.identity import user_tag
 from worker.models import SaveOutcome, SessionProgress
-from worker.sessions import StoredLine, decide, erased_since, progress_key
+from worker.sessions import StoredLine, decide, erased_since
 
 
 def check_writes(
@@ -43,10 +43,10 @@ def check_writes(
     for record, _, _ in writes:
         if user_tag(record.user_id) in erasing:
             refused[record.id] = "erasing"
-        elif erased_since(record.accepted_at, erased.get(user_tag(record.user_id), 0.0)):
+        elif erased_since(  # the user erased, or the episode or its session forgotten, after it was accepted
+            record.accepted_at, max(erased.get(user_tag(record.user_id), 0.0), forgotten.get(record.id, 0.0))
+        ):
             refused[record.id] = "forgotten"
-        elif erased_since(record.accepted_at, forgotten.get(record.id, 0.0)):
-            refused[record.id] = "forgotten"  # the episode, or its session, was forgotten after it was accepted
     rows = sorted(
         {p.key: p for episode_id, p in progress.items() if episode_id not in refused}.values(), key=lambda p: p.key
     )
@@ -74,10 +74,7 @@ def check_writes(
 def _forgotten_at(tx: ManagedTransaction, writes: Sequence[EpisodeWrite]) -> dict[str, float]:
     """Episode id → when it (or its session) was last forgotten; read under the user's lock, which a forget
     takes too, so a forget either committed before this transaction (and is seen) or waits for it."""
-    keys: dict[str, list[str]] = {}
-    for record, _, _ in writes:
-        session = session_tombstone(progress_key(record.user_id, record.session_id))
-        keys[record.id] = [episode_tombstone(record.user_id, record.id), session]
+    keys = {record.id: tombstones(record.user_id, record.id, record.session_id) for record, _, _ in writes}
     at = {
         row["key"]: float(row["at"])
         for row in tx.run(cypher.FORGOTTEN_AT, keys=sorted({k for ks in keys.values() for k in ks}))
