@@ -33,6 +33,7 @@ audit = logging.getLogger("memory.audit")
 
 
 DEADLINE_MARGIN_S = 0.05  # what a caller may wait beyond its budget (thread hand-off, result checks)
+CLOSE_WAIT_S = 5.0  # close() waits this long for recalls still running (their queries hold pooled connections)
 
 LATENCY_BUCKETS_S = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -106,7 +107,10 @@ class Recall:
         self._calls: BackgroundCalls[MemoryContext] = BackgroundCalls("recall", running, running)
 
     def close(self) -> None:
-        self._calls.close()
+        """Recalls a caller stopped waiting for may still be mid-query on a pooled connection: closing the
+        driver under them breaks (the Bolt buffer is in use), so they get CLOSE_WAIT_S to end first (each
+        query's server-side timeout is its recall's remaining budget)."""
+        self._calls.close(wait_s=CLOSE_WAIT_S)
         self._keywords.close()
         self._embedder.close()
         self.store.close()

@@ -6,7 +6,7 @@ within its budget), so calls stuck on a stalled service never pile up without bo
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from threading import BoundedSemaphore, Lock
 from typing import Generic, TypeVar
 
@@ -53,9 +53,15 @@ class BackgroundCalls(Generic[T]):
             self._pending.pop(key, None)
         self._slots.release()
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 0.0) -> None:
+        """No new call starts; calls not yet started are cancelled; calls already running are waited for up
+        to wait_s, so what they hold (a connection mid-query) is released before the caller closes it."""
         with self._lock:
             self._closed = True
             pool = self._pool
+            running = list(self._pending.values())
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+            started = [f for f in running if not f.cancelled()]  # a cancelled one is never "done" to wait()
+            if wait_s > 0 and started:
+                wait(started, timeout=wait_s)
