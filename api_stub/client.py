@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from api_stub.forget_part import ForgetPartReport
+    from api_stub.portability import ImportReport
     from api_stub.recall import RecallCounters
 
 from worker.errors import EpisodeRejected, QueueFull
@@ -323,6 +326,44 @@ class MemoryClient:
                 "latency_ms": round((time.perf_counter() - started) * 1000, 2),
             },
         )
+        return report
+
+    # --- portability ---------------------------------------------------------------------------------
+
+    def export_user(self, user_id: str) -> Iterator[str]:
+        """Everything kept about the user, as JSON Lines (api_stub/export_format.py), read from Neo4j in pages
+        as the lines are consumed. The header is read at once (a store that is down raises here)."""
+        from api_stub.portability import export_lines
+        from api_stub.recall import check_user_id
+
+        user_id = check_user_id(user_id)
+        lines = export_lines(self._recall().store, user_id)
+        first = next(lines)
+        audit.info("export", extra={"event": "export", "user_id": user_id})
+
+        def rest() -> Iterator[str]:
+            yield first
+            yield from lines
+
+        return rest()
+
+    def import_memory(
+        self, path: Path, *, as_user: str | None = None, advance: Callable[[int], None] | None = None
+    ) -> ImportReport:
+        """Load an export into this deployment without an LLM call; idempotent; a bad line (ImportRejected,
+        naming it) stops it before anything is written. See api_stub/portability.py."""
+        from api_stub.portability import import_file
+        from api_stub.recall import check_user_id
+
+        target = check_user_id(as_user) if as_user is not None else None
+        report = import_file(
+            self._recall().store,
+            path,
+            as_user=target,
+            store_content=self._settings.store_content,
+            advance=advance or (lambda _n: None),
+        )
+        audit.info("import", extra={"event": "import", "user_id": report.user_id, **report.model_dump()})
         return report
 
     # --- operations ----------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""The HTTP facade, for agent engines not written in Python: the same MemoryClient behind four endpoints.
+"""The HTTP facade, for agent engines not written in Python: the same MemoryClient behind a few endpoints.
 
     POST   /v1/episodes                 202 {episode_id, task_id}    validate + enqueue, never waits for the LLM
     POST   /v1/recall                   200 MemoryContext            degraded (not an error) when a store is down
     DELETE /v1/users/{user_id}/memory   200 ForgetReport             idempotent erasure
     DELETE /v1/users/{user_id}/episodes/{episode_id}   200 ForgetPartReport   one episode, idempotent
     DELETE /v1/users/{user_id}/sessions/{session_id}   200 ForgetPartReport   one session, idempotent
+    GET    /v1/users/{user_id}/memory/export   200 application/x-ndjson   everything kept about the user, streamed
     GET    /healthz                     200 / 503                    no token needed; says only up or down,
                                                                  probes the stores at most once per 2 s
     GET    /metrics                     Prometheus text              see api_stub/metrics.py
@@ -28,7 +29,7 @@ from urllib.parse import unquote
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -172,8 +173,7 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
     # routes matched says nothing. Each reads the raw path (segments split before decoding) and does what
     # it names, so `DELETE /v1/users/a%2Fsessions/memory` erases user "a/sessions", never a session.
     def forget_target(request: Request) -> JSONResponse:
-        raw = request.scope.get("raw_path") or request.url.path.encode()
-        parts = [unquote(p) for p in raw.decode("latin-1").split("?")[0].split("/")]
+        parts = _raw_parts(request)
         if len(parts) == 5 and parts[:3] == ["", "v1", "users"] and parts[4] == "memory":
             report: BaseModel = memory.forget_user(parts[3])
         elif len(parts) == 6 and parts[:3] == ["", "v1", "users"] and parts[4] == "episodes":
@@ -199,6 +199,19 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
     def forget_session(user_id: str, session_id: str, request: Request) -> JSONResponse:
         return forget_target(request)
 
+    @app.get(
+        "/v1/users/{user_id:path}/memory/export",
+        dependencies=guarded,
+        responses={**problems, 200: {"content": {"application/x-ndjson": {}}}},
+        response_class=StreamingResponse,
+    )
+    def export(user_id: str, request: Request) -> Response:
+        """Everything kept about the user, as JSON Lines (format: api_stub/export_format.py), streamed."""
+        parts = _raw_parts(request)
+        if len(parts) != 6 or parts[:3] != ["", "v1", "users"] or parts[4:] != ["memory", "export"]:
+            return _problem(404, "not_found", "no such resource (a / inside an id is sent as %2F)")
+        return StreamingResponse(memory.export_user(parts[3]), media_type="application/x-ndjson")
+
     health = CachedHealth(memory.health)  # open to anyone: at most one probe of the stores per 2 s
 
     @app.get("/healthz")
@@ -214,6 +227,12 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
         return Response(generate_latest(scraped), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _raw_parts(request: Request) -> list[str]:
+    """The path's segments, split before they are decoded (an id may hold %2F)."""
+    raw = request.scope.get("raw_path") or request.url.path.encode()
+    return [unquote(p) for p in raw.decode("latin-1").split("?")[0].split("/")]
 
 
 class _Unauthorised(Exception):

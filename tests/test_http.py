@@ -43,6 +43,7 @@ def test_without_a_valid_token_every_memory_endpoint_answers_401(server: ServerP
         ("DELETE", "/v1/users/u/memory", None),
         ("DELETE", "/v1/users/u/episodes/e1", None),
         ("DELETE", "/v1/users/u/sessions/s1", None),
+        ("GET", "/v1/users/u/memory/export", None),
         ("GET", "/metrics", None),
     ]
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):

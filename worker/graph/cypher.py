@@ -273,6 +273,7 @@ CALL (eps) {
   UNWIND range(0, size(eps) - 1) AS rank
   WITH eps[rank] AS ep, rank
   MATCH (ep)-[:MENTIONS]->(n)
+  WITH rank, n ORDER BY rank, n.uid  // ties broken by key: the same memory gives the same answer, however stored
   RETURN collect(DISTINCT n) AS mentioned, collect(DISTINCT CASE WHEN rank = 0 THEN n END) AS first
 }
 // one hop out of what the query is about: the entities it matched, then the best episode's entities
@@ -284,7 +285,7 @@ CALL (mentioned, seeds) {
   MATCH (a)-[r:RELATED_TO]-(b)  // RELATED_TO only joins entities of one user (checked again in Python)
   WHERE r.user_id = $user_id
   WITH r, b, b IN mentioned AS inner
-  ORDER BY r.weight DESC
+  ORDER BY r.weight DESC, b.uid
   WITH collect(DISTINCT CASE WHEN NOT inner THEN b END)[..$max_neighbours] AS neighbours,
        collect({r: r, b: b, inner: inner}) AS edges
   RETURN neighbours, [e IN edges WHERE e.inner OR e.b IN neighbours | e.r] AS kept
@@ -293,7 +294,7 @@ WITH episodes, mentioned, neighbours, kept
 CALL (kept) {
   UNWIND kept AS r
   WITH DISTINCT r
-  ORDER BY r.weight DESC
+  ORDER BY r.weight DESC, startNode(r).uid, endNode(r).uid
   LIMIT $max_relations
   RETURN collect({user_id: r.user_id, source: startNode(r).name, target: endNode(r).name,
                   description: r.description, weight: r.weight}) AS relations

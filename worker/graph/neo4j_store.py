@@ -23,7 +23,9 @@ from worker.graph.fusion import FusionWeights, Ranked, fuse
 from worker.graph.lucene import build_query, terms_query
 from worker.graph.params import EpisodeWrite, reindex_rows
 from worker.graph.passage import snippet
+from worker.graph.portable import Portability
 from worker.graph.save_tx import save_chunks, save_transaction
+from worker.graph.values import native as _native
 from worker.identity import user_tag
 from worker.models import (
     Entity,
@@ -51,13 +53,7 @@ MAX_WINDOW_CHARS = 4_000  # of a best window read back to cut its passage from (
 _SCHEMA_RACE_CODES = ("EquivalentSchemaRuleAlreadyExists", "IndexAlreadyExists", "ConstraintAlreadyExists")
 
 
-def _native(value: Any) -> Any:
-    """neo4j.time values → datetime; everything else unchanged."""
-    to_native = getattr(value, "to_native", None)
-    return to_native() if callable(to_native) else value
-
-
-class Neo4jGraphStore(UserErasure):
+class Neo4jGraphStore(UserErasure, Portability):
     """Thread-safe: the driver pools connections; each call opens a short session."""
 
     def __init__(

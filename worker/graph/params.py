@@ -25,7 +25,8 @@ class SaveParams:
     chunks: list[dict[str, Any]]
 
 
-def _key(name: str) -> str:
+def entity_key(name: str) -> str:
+    """What entities merge on (their uid is made of it and the user id)."""
     return normalize_name(name) or name.strip()
 
 
@@ -124,7 +125,7 @@ def _episode_rows(
     by_key: dict[str, dict[str, Any]] = {}
 
     def add(name: str, type_: str, description: str) -> str:
-        key = _key(name)
+        key = entity_key(name)
         known = by_key.get(key)
         if known is None:
             by_key[key] = {

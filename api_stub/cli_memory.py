@@ -1,0 +1,63 @@
+"""`memctl export` and `memctl import-memory`: a user's memory out to JSON Lines and back in."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from api_stub.cli_common import settings_or_exit
+from worker.errors import MemoryServiceError
+
+
+@click.command("export")
+@click.option("--user", "user_id", required=True)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, help="File (default: stdout)."
+)
+def export(user_id: str, output: Path | None) -> None:
+    """Write everything kept about a user as JSON Lines (format: api_stub/export_format.py)."""
+    from api_stub.client import MemoryClient
+
+    client = MemoryClient(settings_or_exit())
+    try:
+        lines = client.export_user(user_id)
+        if output is None:
+            for line in lines:
+                sys.stdout.write(line)
+            return
+        partial = output.with_name(output.name + ".partial")  # the file appears whole, or not at all
+        with (
+            partial.open("w", encoding="utf-8") as handle,
+            click.progressbar(lines, label="export", file=sys.stderr) as bar,
+        ):
+            for line in bar:
+                handle.write(line)
+        partial.replace(output)
+        click.echo(f"exported user {user_id!r} to {output}", err=True)
+    except MemoryServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        client.close()
+
+
+@click.command("import-memory")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--as-user", default=None, help="Import under this user id instead of the exported one.")
+def import_memory(file: Path, as_user: str | None) -> None:
+    """Load an export into this deployment (no LLM call). The whole file is checked first: a bad line is
+    named and nothing is written. Idempotent: run it again to finish an import cut short."""
+    from api_stub.client import MemoryClient
+
+    with file.open(encoding="utf-8", errors="replace") as handle:
+        total = sum(1 for text in handle if text.strip())
+    client = MemoryClient(settings_or_exit())
+    try:
+        with click.progressbar(length=total, label="import", file=sys.stderr) as bar:
+            report = client.import_memory(file, as_user=as_user, advance=bar.update)
+    except MemoryServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        client.close()
+    click.echo(report.model_dump_json())

@@ -1,0 +1,116 @@
+"""The export format: JSON Lines, one object a line, each with its `kind`.
+
+    header        format, version, user_id, exported_at, counts read when the export began
+    episode ...   one per episode: its content and times, how it was extracted, and what it added (entities
+                  with the description it gave, relationships with the weight it added, window embeddings)
+    entity ...    one per entity: name, type, description, mentions, first and last seen
+    relationship  one per relationship: source and target names, description, weight, support
+    session ...   one per session: how far its messages are extracted (the line a later send is checked on)
+    end           how many lines of each kind were written: a file without it was cut short
+
+The kinds come in that order. Version 1; a reader refuses versions it does not know. Entity and relationship
+lines are what the episodes add up to: an import recomputes mentions, weight and support from the episodes
+and takes only the details from these lines.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from worker.models import Entity, ExtractionKind, Identifier, Name, Relationship
+
+VERSION = 1
+KINDS = ("header", "episode", "entity", "relationship", "session", "end")
+
+Text = Annotated[str, StringConstraints(max_length=2000)]
+
+
+class _Line(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Counts(_Line):
+    episodes: int = Field(ge=0)
+    entities: int = Field(ge=0)
+    relationships: int = Field(ge=0)
+    sessions: int = Field(ge=0)
+
+
+class HeaderLine(_Line):
+    kind: Literal["header"] = "header"
+    format: Literal["memory-export"] = "memory-export"
+    version: int
+    user_id: Identifier
+    exported_at: datetime
+    counts: Counts
+
+
+class EpisodeLine(_Line):
+    kind: Literal["episode"] = "episode"
+    id: Identifier
+    session_id: Identifier
+    summary: Annotated[str, StringConstraints(max_length=10_000)]
+    content: str | None
+    created_at: datetime
+    occurred_at: datetime | None = None
+    extraction: ExtractionKind
+    model: str
+    prompt_version: str = ""
+    message_count: int = Field(0, ge=0)
+    llm_calls: int = Field(0, ge=0)
+    prompt_tokens: int = Field(0, ge=0)
+    completion_tokens: int = Field(0, ge=0)
+    cost_usd: float = Field(0.0, ge=0)
+    dropped_entities: int = Field(0, ge=0)
+    dropped_relationships: int = Field(0, ge=0)
+    source_digest: str = ""
+    accepted_at: float | None = None  # when the exporting deployment accepted it (an import accepts it anew)
+    entities: list[Entity] = Field(default_factory=list, max_length=10_000)
+    relationships: list[Relationship] = Field(default_factory=list, max_length=10_000)
+    window_vectors: list[str] = Field(default_factory=list)  # packed (worker/llm/embeddings.py), one a window
+
+
+class EntityLine(_Line):
+    kind: Literal["entity"] = "entity"
+    name: Name
+    type: Annotated[str, StringConstraints(max_length=64)]
+    description: Text
+    mentions: int = Field(ge=0)
+    first_seen: datetime
+    last_seen: datetime
+
+
+class RelationshipLine(_Line):
+    kind: Literal["relationship"] = "relationship"
+    source: Name
+    target: Name
+    description: Text
+    weight: float
+    support: int = Field(ge=0)
+
+
+class SessionLine(_Line):
+    kind: Literal["session"] = "session"
+    session_id: Identifier
+    extracted: int = Field(ge=0)
+    digest: str
+    hashes: list[str] | None = None
+
+
+class EndLine(_Line):
+    kind: Literal["end"] = "end"
+    lines: Counts  # written, per kind (may differ from the header's counts: writes went on meanwhile)
+
+
+Line = HeaderLine | EpisodeLine | EntityLine | RelationshipLine | SessionLine | EndLine
+BY_KIND: dict[str, type[_Line]] = {
+    "header": HeaderLine,
+    "episode": EpisodeLine,
+    "entity": EntityLine,
+    "relationship": RelationshipLine,
+    "session": SessionLine,
+    "end": EndLine,
+}

@@ -1,0 +1,168 @@
+"""A user's memory read out in pages (export) and the parts of an import that saving episodes does not give
+back (entity and relationship details, session progress). Part of Neo4jGraphStore.
+
+Export reads each kind in pages by its key (episode id, entity uid, relationship ends, progress key), each
+page its own short read: memory stays constant in the size of the user's history, and a page is never a
+long transaction. It is not a snapshot: what is written while an export runs may or may not be in it.
+
+An import saves the episodes through the ordinary persist transaction (worker/graph/save_tx.py), which
+recounts mentions, weights and support exactly as it did when they were first saved; then it restores what
+that cannot know: an entity's type, description and first/last seen times, a relationship's description,
+and the sessions' extraction progress (which only moves forward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from neo4j import Session
+
+from worker.graph.errors import translated
+from worker.graph.values import native
+
+T = TypeVar("T")
+
+COUNTS = """
+CALL () { MATCH (e:Episode {user_id: $user_id}) RETURN count(e) AS episodes }
+CALL () { MATCH (n:Entity {user_id: $user_id}) RETURN count(n) AS entities }
+CALL () { MATCH (:Entity {user_id: $user_id})-[r:RELATED_TO]->() RETURN count(r) AS relationships }
+CALL () { MATCH (p:SessionProgress {user_id: $user_id}) RETURN count(p) AS sessions }
+RETURN episodes, entities, relationships, sessions
+"""
+
+# What each episode added: its mentions (entity, and the description this episode gave), the relationships
+# it recorded when saved (rel_* lists; an episode saved before those existed gets an equal share of each
+# relationship that lists it), and its search windows' embeddings in order.
+EPISODES_PAGE = """
+MATCH (e:Episode {user_id: $user_id}) WHERE e.id > $after
+WITH e ORDER BY e.id LIMIT $page
+RETURN e.id AS id, e {.*, terms: null, user_tag: null, save_token: null} AS episode,
+       COLLECT { MATCH (e)-[m:MENTIONS]->(n:Entity) RETURN [n.uid, n.name, n.type, m.description] ORDER BY n.uid }
+         AS mentions,
+       CASE WHEN e.rel_sources IS NULL THEN COLLECT {
+         MATCH (e)-[:MENTIONS]->(a:Entity)-[r:RELATED_TO]->(b:Entity) WHERE e.id IN r.episodes
+         RETURN [a.uid, b.uid, r.weight / coalesce(r.support, size(r.episodes)), r.description]
+       } END AS legacy_relationships,
+       COLLECT { MATCH (c:Chunk {episode_id: e.id}) RETURN c.embedding ORDER BY c.seq } AS vectors,
+       COUNT { MATCH (c:Chunk {episode_id: e.id}) } AS windows
+"""
+
+ENTITIES_PAGE = """
+MATCH (n:Entity {user_id: $user_id}) WHERE n.uid > $after
+RETURN n.uid AS uid, n.name AS name, n.type AS type, n.description AS description, n.mentions AS mentions,
+       n.first_seen AS first_seen, n.last_seen AS last_seen
+ORDER BY uid LIMIT $page
+"""
+
+RELATIONSHIPS_PAGE = """
+MATCH (a:Entity {user_id: $user_id})-[r:RELATED_TO]->(b:Entity)
+WHERE a.uid > $after_source OR (a.uid = $after_source AND b.uid > $after_target)
+RETURN a.uid AS source_uid, b.uid AS target_uid, a.name AS source, b.name AS target, r.description AS description,
+       r.weight AS weight, coalesce(r.support, size(r.episodes)) AS support
+ORDER BY source_uid, target_uid LIMIT $page
+"""
+
+SESSIONS_PAGE = """
+MATCH (p:SessionProgress {user_id: $user_id}) WHERE p.key > $after
+RETURN p.key AS key, p.session_id AS session_id, coalesce(p.extracted, 0) AS extracted,
+       coalesce(p.digest, '') AS digest, p.hashes AS hashes
+ORDER BY key LIMIT $page
+"""
+
+# An entity whose every mention came from the import (its count is the exported one) takes the exported
+# details; one the deployment already knew from its own episodes keeps its own, widened to the exported times.
+RESTORE_ENTITIES = """
+UNWIND $rows AS row
+MATCH (n:Entity {uid: row.uid}) WHERE n.user_id = $user_id
+WITH n, row, n.mentions = row.mentions AS ours
+SET n.type = CASE WHEN ours THEN row.type ELSE n.type END,
+    n.description = CASE WHEN ours THEN row.description ELSE n.description END,
+    n.first_seen = CASE WHEN ours OR row.first_seen < n.first_seen THEN row.first_seen ELSE n.first_seen END,
+    n.last_seen = CASE WHEN ours OR row.last_seen > n.last_seen THEN row.last_seen ELSE n.last_seen END
+RETURN count(n) AS n
+"""
+
+RESTORE_RELATIONSHIPS = """
+UNWIND $rows AS row
+MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO]->(:Entity {uid: row.target_uid})
+WHERE r.user_id = $user_id AND r.support = row.support
+SET r.description = row.description
+RETURN count(r) AS n
+"""
+
+RESTORE_PROGRESS = """
+UNWIND $rows AS row
+MERGE (p:SessionProgress {key: row.key})
+ON CREATE SET p.user_id = $user_id, p.session_id = row.session_id, p.extracted = 0, p.digest = ''
+WITH p, row WHERE p.user_id = $user_id AND row.extracted > p.extracted
+SET p.extracted = row.extracted, p.digest = row.digest, p.hashes = row.hashes, p.updated_at = $now
+RETURN count(p) AS n
+"""
+
+
+class Portability:
+    """export_* and restore_* of Neo4jGraphStore, which gives the sessions and write transactions."""
+
+    def _session(self) -> Session:
+        raise NotImplementedError
+
+    def _read_session(self) -> Session:
+        raise NotImplementedError
+
+    def _write(self, session: Session, work: Callable[..., T], *args: Any, bulk: bool = False) -> T:
+        raise NotImplementedError
+
+    def export_counts(self, user_id: str) -> dict[str, int]:
+        with translated("export"), self._read_session() as session:
+            return dict(session.run(COUNTS, user_id=user_id).single(strict=True))
+
+    def _pages(self, statement: str, user_id: str, page: int, after: dict[str, str]) -> Iterator[dict[str, Any]]:
+        """Every row of a paged statement; `after` holds its cursor's parameters, named as the returned
+        columns that set them (`after_source` ← `source_uid`...)."""
+        cursor = dict(after)
+        while True:
+            with translated("export"), self._read_session() as session:
+                rows = [native(dict(r)) for r in session.run(statement, {"user_id": user_id, "page": page, **cursor})]
+            yield from rows
+            if len(rows) < page:
+                return
+            last = rows[-1]
+            cursor = {name: last[column] for name, column in _CURSOR_COLUMNS[statement].items()}
+
+    def export_episodes(self, user_id: str, page: int = 200) -> Iterator[dict[str, Any]]:
+        yield from self._pages(EPISODES_PAGE, user_id, page, {"after": ""})
+
+    def export_entities(self, user_id: str, page: int = 1_000) -> Iterator[dict[str, Any]]:
+        yield from self._pages(ENTITIES_PAGE, user_id, page, {"after": ""})
+
+    def export_relationships(self, user_id: str, page: int = 1_000) -> Iterator[dict[str, Any]]:
+        yield from self._pages(RELATIONSHIPS_PAGE, user_id, page, {"after_source": "", "after_target": ""})
+
+    def export_sessions(self, user_id: str, page: int = 1_000) -> Iterator[dict[str, Any]]:
+        yield from self._pages(SESSIONS_PAGE, user_id, page, {"after": ""})
+
+    def restore(self, kind: str, user_id: str, rows: list[dict[str, Any]]) -> int:
+        """kind: entity, relationship or session; rows built by api_stub/portability.py. Idempotent."""
+        statement = {"entity": RESTORE_ENTITIES, "relationship": RESTORE_RELATIONSHIPS, "session": RESTORE_PROGRESS}[
+            kind
+        ]
+        if not rows:
+            return 0
+        now = datetime.now(UTC)
+        with translated("import"), self._session() as session:
+            n: int = self._write(
+                session,
+                lambda tx: tx.run(statement, rows=rows, user_id=user_id, now=now).single(strict=True)["n"],
+                bulk=True,
+            )
+        return n
+
+
+_CURSOR_COLUMNS: dict[str, dict[str, str]] = {
+    EPISODES_PAGE: {"after": "id"},
+    ENTITIES_PAGE: {"after": "uid"},
+    RELATIONSHIPS_PAGE: {"after_source": "source_uid", "after_target": "target_uid"},
+    SESSIONS_PAGE: {"after": "key"},
+}
