@@ -45,6 +45,7 @@ bench: install services-up
 	$(VENV)/bin/python -m tests.benchmarks.bench_crash_recovery
 	$(VENV)/bin/python -m tests.benchmarks.bench_llm_latency
 	$(VENV)/bin/python -m tests.benchmarks.bench_freshness
+	$(VENV)/bin/python -m tests.benchmarks.bench_portability
 
 demo: install services-up
 	$(VENV)/bin/python deploy/demo/run_demo.py

@@ -45,8 +45,8 @@ RETURN e.id AS id, e {.*, terms: null, user_tag: null, save_token: null} AS epis
          MATCH (e)-[:MENTIONS]->(a:Entity)-[r:RELATED_TO]->(b:Entity) WHERE e.id IN r.episodes
          RETURN [a.uid, b.uid, r.weight / coalesce(r.support, size(r.episodes)), r.description]
        } END AS legacy_relationships,
-       COLLECT { MATCH (c:Chunk {episode_id: e.id}) RETURN c.embedding ORDER BY c.seq } AS vectors,
-       COUNT { MATCH (c:Chunk {episode_id: e.id}) } AS windows
+       COLLECT { MATCH (c:Chunk)-[:OF]->(e) RETURN c.embedding ORDER BY c.seq } AS vectors,
+       COUNT { MATCH (c:Chunk)-[:OF]->(e) } AS windows
 """
 
 ENTITIES_PAGE = """
