@@ -61,3 +61,38 @@ def import_memory(file: Path, as_user: str | None) -> None:
     finally:
         client.close()
     click.echo(report.model_dump_json())
+
+
+@click.command()
+@click.option("--user", "user_id", default=None, help="Only this user's episodes.")
+@click.option("--all", "all_users", is_flag=True, help="Every user's episodes.")
+@click.option("--only-degraded", is_flag=True, help="Only episodes whose extraction was degraded.")
+@click.option(
+    "--extraction-older-than",
+    "older_than",
+    default=None,
+    metavar="PROMPT_VERSION",
+    help="Only episodes extracted with an earlier prompt version than this one (e.g. extraction@v2).",
+)
+@click.option("--dry-run", is_flag=True, help="Say what it would take (episodes, LLM calls, tokens, cost).")
+def reextract(user_id: str | None, all_users: bool, only_degraded: bool, older_than: str | None, dry_run: bool) -> None:
+    """Extract stored episodes again with the current model and prompt, through the queue (workers do it).
+    Each episode's old extraction is replaced exactly; one stored without content is left as it is."""
+    from api_stub.client import MemoryClient
+
+    if (user_id is None) == (not all_users):
+        raise click.UsageError("give --user U or --all")
+    client = MemoryClient(settings_or_exit())
+    try:
+        plan = client.reextract_plan(user_id, only_degraded=only_degraded, older_than=older_than)
+        if dry_run:
+            click.echo(plan.model_dump_json())
+            return
+        click.echo(f"plan: {plan.model_dump_json()}", err=True)
+        with click.progressbar(length=plan.episodes, label="reextract", file=sys.stderr, show_pos=True) as bar:
+            report = client.reextract(user_id, only_degraded=only_degraded, older_than=older_than, advance=bar.update)
+    except MemoryServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        client.close()
+    click.echo(report.model_dump_json())

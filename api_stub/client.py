@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from api_stub.forget_part import ForgetPartReport
-    from api_stub.portability import ImportReport
     from api_stub.recall import RecallCounters
 
+from api_stub.client_memory import MemoryTransfer, audit
 from worker.errors import EpisodeRejected, QueueFull
 from worker.models import Episode, Limits, MemoryContext, build_episode
 from worker.pipeline import episode_payload
 from worker.settings import Settings
-
-audit = logging.getLogger("memory.audit")
 
 State = Literal["persisted", "unchanged", "forgotten", "conflict", "dead_lettered", "pending"]
 
@@ -51,7 +46,7 @@ class ForgetReport(BaseModel):
     cached_keywords: int
 
 
-class MemoryClient:
+class MemoryClient(MemoryTransfer):
     """Thread-safe; create one per process and reuse it (it holds the broker connection pool)."""
 
     def __init__(self, settings: Settings) -> None:
@@ -159,11 +154,15 @@ class MemoryClient:
     def enqueue(self, episode: Episode, *, admitted: bool = False) -> EpisodeReceipt:
         """Record the episode as in flight, then publish its chain: a message lost by the broker is found
         again by the sweep (see worker/inflight.py). Raises QueueFull when the backlog is at its limit."""
+        return self.enqueue_payload(episode_payload(episode), admitted=admitted)
+
+    def enqueue_payload(self, payload: dict[str, Any], *, admitted: bool = False) -> EpisodeReceipt:
+        """enqueue() for a payload already built (episode_payload, or a re-extraction's)."""
         if not admitted:
             self._admit(1)
-        payload = episode_payload(episode)
-        self._in_flight().add(episode.id, episode.user_id, payload)
-        return EpisodeReceipt(episode_id=episode.id, task_id=self.publish(payload))
+        episode_id, user_id = payload["episode"]["id"], payload["episode"]["user_id"]
+        self._in_flight().add(episode_id, user_id, payload)
+        return EpisodeReceipt(episode_id=episode_id, task_id=self.publish(payload))
 
     def publish(self, payload: dict[str, Any]) -> str:
         """Publish extract → persist for an episode payload; returns the final (persist) task id."""
@@ -326,44 +325,6 @@ class MemoryClient:
                 "latency_ms": round((time.perf_counter() - started) * 1000, 2),
             },
         )
-        return report
-
-    # --- portability ---------------------------------------------------------------------------------
-
-    def export_user(self, user_id: str) -> Iterator[str]:
-        """Everything kept about the user, as JSON Lines (api_stub/export_format.py), read from Neo4j in pages
-        as the lines are consumed. The header is read at once (a store that is down raises here)."""
-        from api_stub.portability import export_lines
-        from api_stub.recall import check_user_id
-
-        user_id = check_user_id(user_id)
-        lines = export_lines(self._recall().store, user_id)
-        first = next(lines)
-        audit.info("export", extra={"event": "export", "user_id": user_id})
-
-        def rest() -> Iterator[str]:
-            yield first
-            yield from lines
-
-        return rest()
-
-    def import_memory(
-        self, path: Path, *, as_user: str | None = None, advance: Callable[[int], None] | None = None
-    ) -> ImportReport:
-        """Load an export into this deployment without an LLM call; idempotent; a bad line (ImportRejected,
-        naming it) stops it before anything is written. See api_stub/portability.py."""
-        from api_stub.portability import import_file
-        from api_stub.recall import check_user_id
-
-        target = check_user_id(as_user) if as_user is not None else None
-        report = import_file(
-            self._recall().store,
-            path,
-            as_user=target,
-            store_content=self._settings.store_content,
-            advance=advance or (lambda _n: None),
-        )
-        audit.info("import", extra={"event": "import", "user_id": report.user_id, **report.model_dump()})
         return report
 
     # --- operations ----------------------------------------------------------------------------------

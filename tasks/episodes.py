@@ -7,7 +7,7 @@ from typing import Any
 from tasks.base import StageTask
 from worker.celery_app import EXTRACT_TASK, PERSIST_TASK, app
 from worker.models import Episode
-from worker.pipeline import extract_stage, persist_stage
+from worker.pipeline import extract_stage, persist_stage, reextract_stage
 from worker.runtime import Runtime
 from worker.sessions import messages_digest, progress_key
 
@@ -23,7 +23,8 @@ class PersistTask(StageTask):
 
 def _extract(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
     def body(rt: Runtime) -> dict[str, Any]:
-        outcome = extract_stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm)
+        stage = reextract_stage if payload.get("reextract") else extract_stage  # memctl reextract
+        outcome = stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm)
         if outcome["status"] == "extracted":
             rt.stats.extracted(outcome["record"])
         return self.redelivered(outcome)
@@ -51,7 +52,9 @@ def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
                 rt.stats.extracted(fresh["record"])  # its model calls and cost count like any extraction
             return fresh
 
-        outcome = persist_stage(payload, save=rt.group_commit.save, extract_again=extract_again)
+        outcome = persist_stage(
+            payload, save=rt.group_commit.save, extract_again=extract_again, replace=rt.store.replace_extraction
+        )
         if outcome["status"] == "unchanged" and _stored_by_this_send(rt, payload):
             outcome = {**outcome, "status": "persisted"}
         if outcome["status"] == "persisted" and outcome["created"]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.errors import SessionMovedError, StoreUnavailable
-from worker.extraction import extract
+from worker.extraction import Extraction, extract
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.graph.params import window_texts
 from worker.llm.client import LLMClient
@@ -111,7 +111,28 @@ def extract_stage(
     if settings.embedding_model and settings.store_content:
         embedder = embedder or Embedder(settings)
         vectors = tuple(pack(v) for v in embedder.embed(window_texts(content, spans), query=False))
-    record = EpisodeRecord(
+    record = _record(episode, extraction, content, spans, settings).model_copy(
+        update={
+            "window_vectors": vectors,
+            "source_digest": digest,
+            "accepted_at": accepted_at,
+        }
+    )
+    return {
+        **base,
+        "status": "extracted",
+        "record": record.model_dump(mode="json"),
+        "entities": [e.model_dump() for e in extraction.result.entities],
+        "relationships": [r.model_dump() for r in extraction.result.relationships],
+        "progress": todo.progress.model_dump(),
+    }
+
+
+def _record(
+    episode: Episode, extraction: Extraction, content: str, spans: tuple[tuple[int, int], ...], settings: Settings
+) -> EpisodeRecord:
+    """The episode as stored, with this extraction (the caller adds what depends on the send)."""
+    return EpisodeRecord(
         id=episode.id,
         user_id=episode.user_id,
         session_id=episode.session_id,
@@ -121,7 +142,7 @@ def extract_stage(
         extraction=extraction.kind,
         model=extraction.model,
         prompt_version=extraction.prompt_version,
-        message_count=len(todo.new),
+        message_count=len(spans),
         llm_calls=extraction.usage.calls,
         prompt_tokens=extraction.usage.prompt_tokens,
         completion_tokens=extraction.usage.completion_tokens,
@@ -129,17 +150,34 @@ def extract_stage(
         dropped_entities=extraction.dropped.entities,
         dropped_relationships=extraction.dropped.relationships,
         message_spans=spans if settings.store_content else (),
-        window_vectors=vectors,
-        source_digest=digest,
-        accepted_at=accepted_at,
+    )
+
+
+def reextract_stage(
+    payload: dict[str, Any], *, settings: Settings, store: Neo4jGraphStore, llm: LLMClient | None
+) -> dict[str, Any]:
+    """A stored episode extracted again with the current model and prompt (memctl reextract): its messages
+    are those of its stored content; no session line is planned or moved. Gone, or its user erased or it
+    forgotten since this was asked for: `forgotten`, with no model call."""
+    episode = Episode.model_validate(payload["episode"])
+    base = {"episode_id": episode.id, "user_id": episode.user_id}
+    state = store.write_state(episode.user_id, progress_key(episode.user_id, episode.session_id), episode.id)
+    if state.episode_user is None or erased_since(payload.get("accepted_at"), max(state.erased_at, state.forgotten_at)):
+        return {**base, "status": "forgotten"}
+    if state.episode_user != episode.user_id:
+        return {**base, "status": "conflict"}
+    extraction = extract(list(episode.messages), settings=settings, llm=llm, episode_id=episode.id)
+    content, spans = conversation_text(episode.messages)
+    record = _record(episode, extraction, content, spans, settings).model_copy(
+        update={"accepted_at": payload.get("accepted_at")}
     )
     return {
         **base,
         "status": "extracted",
+        "reextract": payload["reextract"],
         "record": record.model_dump(mode="json"),
         "entities": [e.model_dump() for e in extraction.result.entities],
         "relationships": [r.model_dump() for r in extraction.result.relationships],
-        "progress": todo.progress.model_dump(),
     }
 
 
@@ -152,6 +190,7 @@ def persist_stage(
     *,
     save: Callable[..., SaveResult],
     extract_again: Callable[[str], dict[str, Any] | None] | None = None,
+    replace: Callable[..., SaveResult] | None = None,
 ) -> dict[str, Any]:
     """Save an extraction with `save` (Neo4jGraphStore.save_episode, or GroupCommit.save). When the session's
     line moved since it was planned (another send of the session persisted in between), extract_again(source
@@ -159,6 +198,18 @@ def persist_stage(
     so a message is not extracted into the graph twice. When the send is no longer at hand (a replayed dead
     letter), the extraction is saved as it is, leaving the line: a message counted twice rather than lost."""
     base = {"episode_id": payload["episode_id"], "user_id": payload["user_id"]}
+    if payload.get("reextract") and payload.get("status") == "extracted":
+        if replace is None:
+            raise ValueError("a re-extraction needs replace (Neo4jGraphStore.replace_extraction)")
+        result = replace(
+            EpisodeRecord.model_validate(payload["record"]),
+            [Entity.model_validate(e) for e in payload["entities"]],
+            [Relationship.model_validate(r) for r in payload["relationships"]],
+            str(payload["reextract"]),
+        )
+        if result.outcome == "erasing":
+            raise StoreUnavailable("an erasure of this user is running; the episode is persisted after it")
+        return {**base, "status": _STATUS[result.outcome], "created": result.created}
     check_line = True
     for _ in range(REPLANS + 1):
         if payload.get("status") != "extracted":  # unchanged, forgotten, conflict, dead-lettered upstream

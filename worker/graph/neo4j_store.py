@@ -24,6 +24,7 @@ from worker.graph.lucene import build_query, terms_query
 from worker.graph.params import EpisodeWrite, reindex_rows
 from worker.graph.passage import snippet
 from worker.graph.portable import Portability
+from worker.graph.reextract import Reextraction
 from worker.graph.save_tx import save_chunks, save_transaction
 from worker.graph.values import native as _native
 from worker.identity import user_tag
@@ -53,7 +54,7 @@ MAX_WINDOW_CHARS = 4_000  # of a best window read back to cut its passage from (
 _SCHEMA_RACE_CODES = ("EquivalentSchemaRuleAlreadyExists", "IndexAlreadyExists", "ConstraintAlreadyExists")
 
 
-class Neo4jGraphStore(UserErasure, Portability):
+class Neo4jGraphStore(UserErasure, Portability, Reextraction):
     """Thread-safe: the driver pools connections; each call opens a short session."""
 
     def __init__(

@@ -52,8 +52,8 @@ def save_transaction(
         tx.run(cypher.SAVE_PROGRESS, rows=progress_rows, now=now).consume()
     entity_rows = [row for row in params.entities if row["episode_id"] in created]
     relationship_rows = [row for row in params.relationships if row["episode_id"] in created]
-    n_entities = _counts(tx, cypher.SAVE_ENTITIES, entity_rows, now)
-    n_relationships = _counts(tx, cypher.SAVE_RELATIONSHIPS, relationship_rows, now)
+    n_entities = counted(tx, cypher.SAVE_ENTITIES, entity_rows, now)
+    n_relationships = counted(tx, cypher.SAVE_RELATIONSHIPS, relationship_rows, now)
     save_chunks(tx, [row for row in params.chunks if row["episode_id"] in created])
     tx.run(cypher.RELEASE_CLAIMS, ids=sorted(created)).consume()
     for episode_id in created:
@@ -77,7 +77,8 @@ def save_chunks(tx: ManagedTransaction, rows: list[dict[str, Any]]) -> None:
         tx.run(cypher.SET_CHUNK_VECTORS, rows=vectors).consume()
 
 
-def _counts(tx: ManagedTransaction, statement: str, rows: list[dict[str, Any]], now: datetime) -> dict[str, int]:
+def counted(tx: ManagedTransaction, statement: str, rows: list[dict[str, Any]], now: datetime) -> dict[str, int]:
+    """Episode id → rows the statement wrote for it (SAVE_ENTITIES, SAVE_RELATIONSHIPS)."""
     if not rows:
         return {}
     return {r["id"]: r["n"] for r in tx.run(statement, rows=rows, now=now)}

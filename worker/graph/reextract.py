@@ -1,0 +1,138 @@
+"""Re-extraction in the graph: which stored episodes to extract again, and the transaction that puts a new
+extraction in place of an episode's old one.
+
+The replacement takes back exactly what the episode added (its mentions, the weight and support it gave
+each relationship: the same statements as forgetting it, worker/graph/forget.py), then writes what the new
+extraction adds (the same statements as saving it) and the episode's new summary, terms and extraction
+details. Its content, times, session and search windows stay. One transaction, under the user's lock:
+other episodes' contributions are never touched, and counts stay exact. Each re-extraction carries a job id
+recorded on the episode, so a redelivered or replayed one finds it applied and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from neo4j import ManagedTransaction, Session
+
+from worker.errors import StoreRequestError
+from worker.graph import cypher
+from worker.graph.errors import translated
+from worker.graph.forget import (
+    DELETE_RELATIONSHIPS,
+    REDESCRIBE_RELATIONSHIPS,
+    TAKE_BACK_MENTIONS,
+    TAKE_BACK_RELATIONSHIPS,
+)
+from worker.graph.params import EpisodeWrite, build_save_params
+from worker.graph.save_tx import counted
+from worker.graph.values import native
+from worker.graph.write_checks import check_writes
+from worker.models import Entity, EpisodeRecord, Relationship, SaveResult
+
+T = TypeVar("T")
+
+# Stored episodes in pages by id, with what re-extraction needs to choose and to plan them.
+_SELECT = """
+MATCH (e:Episode) WHERE {where} e.id > $after
+RETURN e.id AS id, e.user_id AS user_id, e.session_id AS session_id, e.content AS content,
+       e.occurred_at AS occurred_at, e.extraction AS extraction, coalesce(e.prompt_version, '') AS prompt_version,
+       coalesce(e.completion_tokens, 0) AS completion_tokens
+ORDER BY e.id LIMIT $page
+"""
+SELECT_USER = _SELECT.format(where="e.user_id = $user_id AND")
+SELECT_ALL = _SELECT.format(where="")
+
+STORED = "MATCH (e:Episode {id: $id}) RETURN e.user_id AS user_id, e.reextracted_by AS job"
+
+# What an extraction sets on its episode; the rest of the episode (content, times, ids) stays.
+_REPLACED = (
+    "summary",
+    "extraction",
+    "model",
+    "prompt_version",
+    "llm_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "dropped_entities",
+    "dropped_relationships",
+    "rel_sources",
+    "rel_targets",
+    "rel_weights",
+    "rel_descriptions",
+    "terms",
+)
+
+SET_EXTRACTION = """
+MATCH (e:Episode {id: $id})
+SET e += $fields, e.reextracted_by = $job, e.reextracted_at = $now
+"""
+
+
+def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, now: datetime) -> SaveResult:
+    """outcome: created (replaced now), exists (this job already replaced it), forgotten (the episode is gone,
+    or its user erased or it forgotten after the re-extraction was asked for), erasing (try again later)."""
+    record = write[0]
+    refused = check_writes(tx, [write], {})
+    if refused:
+        return SaveResult(episode_id=record.id, created=False, outcome=refused[record.id])
+    stored = tx.run(STORED, id=record.id).single()
+    if stored is None:
+        return SaveResult(episode_id=record.id, created=False, outcome="forgotten")
+    if stored["user_id"] != record.user_id:
+        raise StoreRequestError(f"episode {record.id} belongs to another user", cause="ForeignEpisode")
+    if stored["job"] == job:
+        return SaveResult(episode_id=record.id, created=False, outcome="exists")
+    ids, user_id = [record.id], record.user_id
+    rel_rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id))
+    gone = [r["rid"] for r in rel_rows if r["gone"]]
+    kept = [r["rid"] for r in rel_rows if not r["gone"]]
+    if gone:
+        tx.run(DELETE_RELATIONSHIPS, rids=gone).consume()
+    tx.run(TAKE_BACK_MENTIONS, ids=ids, user_id=user_id).consume()
+    if kept:
+        tx.run(REDESCRIBE_RELATIONSHIPS, rids=kept).consume()
+    params = build_save_params([write])
+    fields = {k: params.episodes[0][k] for k in _REPLACED}
+    tx.run(SET_EXTRACTION, id=record.id, fields=fields, job=job, now=now).consume()
+    n_entities = counted(tx, cypher.SAVE_ENTITIES, params.entities, now).get(record.id, 0)
+    n_relationships = counted(tx, cypher.SAVE_RELATIONSHIPS, params.relationships, now).get(record.id, 0)
+    return SaveResult(
+        episode_id=record.id, created=True, entities=n_entities, relationships=n_relationships, outcome="created"
+    )
+
+
+class Reextraction:
+    """episodes_to_reextract and replace_extraction of Neo4jGraphStore, which gives sessions and transactions."""
+
+    def _session(self) -> Session:
+        raise NotImplementedError
+
+    def _read_session(self) -> Session:
+        raise NotImplementedError
+
+    def _write(self, session: Session, work: Callable[..., T], *args: Any, bulk: bool = False) -> T:
+        raise NotImplementedError
+
+    def episodes_to_reextract(self, user_id: str | None, page: int = 500) -> Iterator[dict[str, Any]]:
+        """Stored episodes of one user (or of all), in pages by id; the caller filters them."""
+        after = ""
+        while True:
+            params = {"after": after, "page": page, "user_id": user_id}
+            with translated("reextract"), self._read_session() as session:
+                rows = [native(dict(r)) for r in session.run(SELECT_ALL if user_id is None else SELECT_USER, params)]
+            yield from rows
+            if len(rows) < page:
+                return
+            after = rows[-1]["id"]
+
+    def replace_extraction(
+        self, record: EpisodeRecord, entities: Sequence[Entity], relationships: Sequence[Relationship], job: str
+    ) -> SaveResult:
+        """Put a new extraction in place of the stored episode's (see the module's notes)."""
+        now = datetime.now(UTC)
+        with translated("replace_extraction"), self._session() as session:
+            return self._write(session, replace_transaction, (record, entities, relationships), job, now)
