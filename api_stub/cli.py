@@ -17,6 +17,7 @@ import click
 from api_stub.cli_common import redis_for as _redis
 from api_stub.cli_common import settings_or_exit as _settings
 from api_stub.cli_dlq import dlq
+from api_stub.cli_mcp import mcp
 from api_stub.cli_memory import export, import_memory, reextract
 from worker.errors import EpisodeRejected, MemoryServiceError, QueueFull
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
@@ -34,6 +35,7 @@ main.add_command(dlq)
 main.add_command(export)
 main.add_command(import_memory)
 main.add_command(reextract)
+main.add_command(mcp)
 
 
 @main.command()
