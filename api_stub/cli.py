@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from api_stub.cli_common import memory_client
 from api_stub.cli_common import redis_for as _redis
 from api_stub.cli_common import settings_or_exit as _settings
 from api_stub.cli_dlq import dlq
@@ -188,8 +189,6 @@ def recall(user_id: str, query: str, limit: int | None, as_json: bool) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def forget(user_id: str, episode_id: str | None, session_id: str | None, yes: bool) -> None:
     """Erase everything kept about a user (graph, dead letters, cached keywords), or one episode or session."""
-    from api_stub.client import MemoryClient
-
     if episode_id is not None and session_id is not None:
         raise click.UsageError("give --episode or --session, not both")
     what = (
@@ -201,18 +200,13 @@ def forget(user_id: str, episode_id: str | None, session_id: str | None, yes: bo
     )
     if not yes and not click.confirm(f"erase {what}?"):
         sys.exit(1)
-    client = MemoryClient(_settings())
-    try:
+    with memory_client() as client:
         if episode_id is not None:
             report: Any = client.forget_episode(user_id, episode_id)
         elif session_id is not None:
             report = client.forget_session(user_id, session_id)
         else:
             report = client.forget_user(user_id)
-    except MemoryServiceError as exc:
-        raise click.ClickException(str(exc)) from None
-    finally:
-        client.close()
     click.echo(report.model_dump_json())
 
 

@@ -1,4 +1,4 @@
-"""`memctl export` and `memctl import-memory`: a user's memory out to JSON Lines and back in."""
+"""`memctl export`, `memctl import-memory` and `memctl reextract`: a user's memory as a whole."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from api_stub.cli_common import settings_or_exit
-from worker.errors import MemoryServiceError
+from api_stub.cli_common import memory_client
 
 
 @click.command("export")
@@ -18,10 +17,7 @@ from worker.errors import MemoryServiceError
 )
 def export(user_id: str, output: Path | None) -> None:
     """Write everything kept about a user as JSON Lines (format: api_stub/export_format.py)."""
-    from api_stub.client import MemoryClient
-
-    client = MemoryClient(settings_or_exit())
-    try:
+    with memory_client() as client:
         lines = client.export_user(user_id)
         if output is None:
             for line in lines:
@@ -35,11 +31,7 @@ def export(user_id: str, output: Path | None) -> None:
             for line in bar:
                 handle.write(line)
         partial.replace(output)
-        click.echo(f"exported user {user_id!r} to {output}", err=True)
-    except MemoryServiceError as exc:
-        raise click.ClickException(str(exc)) from None
-    finally:
-        client.close()
+    click.echo(f"exported user {user_id!r} to {output}", err=True)
 
 
 @click.command("import-memory")
@@ -48,18 +40,10 @@ def export(user_id: str, output: Path | None) -> None:
 def import_memory(file: Path, as_user: str | None) -> None:
     """Load an export into this deployment (no LLM call). The whole file is checked first: a bad line is
     named and nothing is written. Idempotent: run it again to finish an import cut short."""
-    from api_stub.client import MemoryClient
-
     with file.open(encoding="utf-8", errors="replace") as handle:
         total = sum(1 for text in handle if text.strip())
-    client = MemoryClient(settings_or_exit())
-    try:
-        with click.progressbar(length=total, label="import", file=sys.stderr) as bar:
-            report = client.import_memory(file, as_user=as_user, advance=bar.update)
-    except MemoryServiceError as exc:
-        raise click.ClickException(str(exc)) from None
-    finally:
-        client.close()
+    with memory_client() as client, click.progressbar(length=total, label="import", file=sys.stderr) as bar:
+        report = client.import_memory(file, as_user=as_user, advance=bar.update)
     click.echo(report.model_dump_json())
 
 
@@ -78,12 +62,9 @@ def import_memory(file: Path, as_user: str | None) -> None:
 def reextract(user_id: str | None, all_users: bool, only_degraded: bool, older_than: str | None, dry_run: bool) -> None:
     """Extract stored episodes again with the current model and prompt, through the queue (workers do it).
     Each episode's old extraction is replaced exactly; one stored without content is left as it is."""
-    from api_stub.client import MemoryClient
-
     if (user_id is None) == (not all_users):
         raise click.UsageError("give --user U or --all")
-    client = MemoryClient(settings_or_exit())
-    try:
+    with memory_client() as client:
         plan = client.reextract_plan(user_id, only_degraded=only_degraded, older_than=older_than)
         if dry_run:
             click.echo(plan.model_dump_json())
@@ -91,8 +72,4 @@ def reextract(user_id: str | None, all_users: bool, only_degraded: bool, older_t
         click.echo(f"plan: {plan.model_dump_json()}", err=True)
         with click.progressbar(length=plan.episodes, label="reextract", file=sys.stderr, show_pos=True) as bar:
             report = client.reextract(user_id, only_degraded=only_degraded, older_than=older_than, advance=bar.update)
-    except MemoryServiceError as exc:
-        raise click.ClickException(str(exc)) from None
-    finally:
-        client.close()
     click.echo(report.model_dump_json())

@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from worker.models import Entity, ExtractionKind, Identifier, Name, Relationship
+from worker.models import Entity, ExtractionDetails, Identifier, Name, Relationship
 
 VERSION = 1
 KINDS = ("header", "episode", "entity", "relationship", "session", "end")
@@ -48,7 +48,7 @@ class HeaderLine(_Line):
     counts: Counts
 
 
-class EpisodeLine(_Line):
+class EpisodeLine(ExtractionDetails):
     kind: Literal["episode"] = "episode"
     id: Identifier
     session_id: Identifier
@@ -56,16 +56,6 @@ class EpisodeLine(_Line):
     content: str | None
     created_at: datetime
     occurred_at: datetime | None = None
-    extraction: ExtractionKind
-    model: str
-    prompt_version: str = ""
-    message_count: int = Field(0, ge=0)
-    llm_calls: int = Field(0, ge=0)
-    prompt_tokens: int = Field(0, ge=0)
-    completion_tokens: int = Field(0, ge=0)
-    cost_usd: float = Field(0.0, ge=0)
-    dropped_entities: int = Field(0, ge=0)
-    dropped_relationships: int = Field(0, ge=0)
     source_digest: str = ""
     accepted_at: float | None = None  # when the exporting deployment accepted it (an import accepts it anew)
     entities: list[Entity] = Field(default_factory=list, max_length=10_000)
@@ -106,7 +96,7 @@ class EndLine(_Line):
 
 
 Line = HeaderLine | EpisodeLine | EntityLine | RelationshipLine | SessionLine | EndLine
-BY_KIND: dict[str, type[_Line]] = {
+BY_KIND: dict[str, type[BaseModel]] = {
     "header": HeaderLine,
     "episode": EpisodeLine,
     "entity": EntityLine,

@@ -148,16 +148,9 @@ class ExtractionResult(_Frozen):
     relationships: list[Relationship] = Field(default_factory=list, max_length=1000)
 
 
-class EpisodeRecord(_Frozen):
-    """An episode as persisted: the conversation plus how its memory was extracted."""
+class ExtractionDetails(_Frozen):
+    """How an episode's memory was extracted, as recorded on the episode (and in an export)."""
 
-    id: Identifier
-    user_id: Identifier
-    session_id: Identifier
-    summary: str
-    content: str | None
-    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
-    occurred_at: datetime | None = None
     extraction: ExtractionKind
     model: str
     prompt_version: str = ""
@@ -169,6 +162,18 @@ class EpisodeRecord(_Frozen):
     # Entities and relationships of the model's answer left out because they did not validate (counts).
     dropped_entities: int = Field(0, ge=0)
     dropped_relationships: int = Field(0, ge=0)
+
+
+class EpisodeRecord(ExtractionDetails):
+    """An episode as persisted: the conversation plus how its memory was extracted."""
+
+    id: Identifier
+    user_id: Identifier
+    session_id: Identifier
+    summary: str
+    content: str | None
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    occurred_at: datetime | None = None
     # Where each message stands in `content` ([start, end) character offsets): the units recall searches.
     # Not a stored property of the episode; the search windows are built from it.
     message_spans: tuple[tuple[int, int], ...] = ()

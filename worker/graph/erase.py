@@ -6,18 +6,16 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 from neo4j import ManagedTransaction, Session
 
 from worker.graph.errors import translated
+from worker.graph.parts import StorePart
 from worker.identity import user_tag
 from worker.models import DeleteReport
 
 log = logging.getLogger("worker.graph.neo4j_store")
 
-T = TypeVar("T")
 
 # erasing_until: while the erasure's delete batches run (each its own transaction), persists of the user
 # wait (a transient error), so nothing accepted after the mark is half-deleted by a later batch.
@@ -84,17 +82,11 @@ DELETE_USER_BATCHES = (
 )
 
 
-class UserErasure:
+class UserErasure(StorePart):
     """mark_erased, erasure_done and delete_user of Neo4jGraphStore, which gives the session and write
     transaction they run in."""
 
     _delete_batch: int
-
-    def _session(self) -> Session:
-        raise NotImplementedError
-
-    def _write(self, session: Session, work: Callable[..., T], *args: Any, bulk: bool = False) -> T:
-        raise NotImplementedError
 
     def mark_erased(self, user_id: str, at: float, erasing_for_s: float = 600.0) -> str:
         """Record that the user was erased at `at` (epoch seconds): from now on, persist transactions drop

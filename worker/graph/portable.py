@@ -13,16 +13,13 @@ and the sessions' extraction progress (which only moves forward).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any, TypeVar
-
-from neo4j import Session
+from typing import Any
 
 from worker.graph.errors import translated
+from worker.graph.parts import StorePart
 from worker.graph.values import native
-
-T = TypeVar("T")
 
 COUNTS = """
 CALL () { MATCH (e:Episode {user_id: $user_id}) RETURN count(e) AS episodes }
@@ -102,17 +99,8 @@ RETURN count(p) AS n
 """
 
 
-class Portability:
+class Portability(StorePart):
     """export_* and restore_* of Neo4jGraphStore, which gives the sessions and write transactions."""
-
-    def _session(self) -> Session:
-        raise NotImplementedError
-
-    def _read_session(self) -> Session:
-        raise NotImplementedError
-
-    def _write(self, session: Session, work: Callable[..., T], *args: Any, bulk: bool = False) -> T:
-        raise NotImplementedError
 
     def export_counts(self, user_id: str) -> dict[str, int]:
         with translated("export"), self._read_session() as session:

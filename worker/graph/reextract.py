@@ -11,11 +11,11 @@ recorded on the episode, so a redelivered or replayed one finds it applied and c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
-from neo4j import ManagedTransaction, Session
+from neo4j import ManagedTransaction
 
 from worker.errors import StoreRequestError
 from worker.graph import cypher
@@ -27,12 +27,11 @@ from worker.graph.forget import (
     TAKE_BACK_RELATIONSHIPS,
 )
 from worker.graph.params import EpisodeWrite, build_save_params
+from worker.graph.parts import StorePart
 from worker.graph.save_tx import counted
 from worker.graph.values import native
 from worker.graph.write_checks import check_writes
 from worker.models import Entity, EpisodeRecord, Relationship, SaveResult
-
-T = TypeVar("T")
 
 # Stored episodes in pages by id, with what re-extraction needs to choose and to plan them.
 _SELECT = """
@@ -105,17 +104,8 @@ def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, n
     )
 
 
-class Reextraction:
+class Reextraction(StorePart):
     """episodes_to_reextract and replace_extraction of Neo4jGraphStore, which gives sessions and transactions."""
-
-    def _session(self) -> Session:
-        raise NotImplementedError
-
-    def _read_session(self) -> Session:
-        raise NotImplementedError
-
-    def _write(self, session: Session, work: Callable[..., T], *args: Any, bulk: bool = False) -> T:
-        raise NotImplementedError
 
     def episodes_to_reextract(self, user_id: str | None, page: int = 500) -> Iterator[dict[str, Any]]:
         """Stored episodes of one user (or of all), in pages by id; the caller filters them."""
