@@ -42,8 +42,8 @@ from api_stub.export_format import (
 )
 from worker.errors import QueryRejected, StoreRequestError, StoreUnavailable
 from worker.graph.neo4j_store import Neo4jGraphStore
-from worker.graph.params import EpisodeWrite, entity_key, spans_from_content
-from worker.identity import entity_uid
+from worker.graph.params import EpisodeWrite, spans_from_content
+from worker.identity import entity_key, entity_uid
 from worker.llm.embeddings import pack
 from worker.models import Entity, EpisodeRecord, Relationship
 from worker.sessions import progress_key

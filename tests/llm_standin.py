@@ -22,6 +22,26 @@ class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    code: str | None = None  # an error's code (OpenAI's error body), e.g. context_length_exceeded
+
+
+def request_tokens(request: dict[str, Any]) -> int:
+    """Tokens a request asks the model to hold: its messages (cl100k_base, 4 a message for the format) and
+    the answer's max_tokens."""
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    import tiktoken
+
+    spec = importlib.util.find_spec("litellm")  # litellm ships tiktoken's files (no network here)
+    assert spec is not None and spec.origin is not None
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"))
+    encoding = tiktoken.get_encoding("cl100k_base")
+    messages = request.get("messages") or []
+    return sum(len(encoding.encode(str(m.get("content") or ""))) + 4 for m in messages) + int(
+        request.get("max_tokens") or 0
+    )
 
 
 def answer(payload: Any) -> Reply:
@@ -33,6 +53,9 @@ class StandIn:
         self.requests: list[dict[str, Any]] = []
         self.script: deque[Reply] = deque()
         self.default: Callable[[dict[str, Any]], Reply] | None = None
+        # As a provider does: a request whose messages and max_tokens pass this many tokens (tiktoken's
+        # cl100k_base) is refused with OpenAI's context_length_exceeded error. None: no limit.
+        self.context_tokens: int | None = None
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -60,6 +83,16 @@ class StandIn:
     def _next(self, request: dict[str, Any]) -> Reply:
         with self._lock:
             self.requests.append(request)
+        if self.context_tokens is not None:
+            used = request_tokens(request)
+            if used > self.context_tokens:
+                return Reply(
+                    status=400,
+                    content=f"This model's maximum context length is {self.context_tokens} tokens. However, you "
+                    f"requested {used} tokens. Please reduce the length of the messages.",
+                    code="context_length_exceeded",
+                )
+        with self._lock:
             if self.script:
                 return self.script.popleft()
         if self.default is not None:
@@ -96,7 +129,13 @@ class StandIn:
                         "usage": {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150},
                     }
                 else:
-                    payload = {"error": {"message": reply.content or "error", "type": "stand_in", "code": reply.status}}
+                    payload = {
+                        "error": {
+                            "message": reply.content or "error",
+                            "type": "invalid_request_error" if reply.code else "stand_in",
+                            "code": reply.code or reply.status,
+                        }
+                    }
                 data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
                 try:
                     self.send_response(reply.status)

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from worker.identity import entity_key
 from worker.llm.answer import Dropped, parse_answer, parse_extraction
 from worker.llm.client import LLMClient, LLMUsage
-from worker.models import ExtractionKind, ExtractionResult, Message
+from worker.llm.window import plan_windows
+from worker.models import Entity, ExtractionKind, ExtractionResult, Message, Relationship
 from worker.offline import MODEL_NAME as OFFLINE
 from worker.offline import extract_offline, summarize_messages
 from worker.prompts import extraction as prompt
@@ -29,6 +31,7 @@ class Extraction:
     prompt_version: str
     usage: LLMUsage
     dropped: Dropped = field(default_factory=Dropped)  # items of the answer left out by validation
+    windows: int = 1  # LLM windows the conversation was extracted in (worker/llm/window.py)
 
 
 def extraction_prompt(settings: Settings) -> PromptTemplate:
@@ -58,6 +61,19 @@ def extract(
         return Extraction(result, "offline", OFFLINE, template.version, LLMUsage())
 
     client = llm or LLMClient(settings)
+    windows = plan_windows(conversation, context, settings, template)
+    parts = [_extract_window(client, template, w.new, w.context, episode_id) for w in windows]
+    return parts[0] if len(parts) == 1 else merged(parts)
+
+
+def _extract_window(
+    client: LLMClient,
+    template: PromptTemplate,
+    conversation: Sequence[Message],
+    context: Sequence[Message],
+    episode_id: str,
+) -> Extraction:
+    """One LLM call (and one re-ask on a malformed answer) for messages that fit the model's window."""
 
     def messages_for(schema_in_prompt: bool) -> list[dict[str, str]]:
         return prompt.build_messages(template, conversation, context=context, schema_in_prompt=schema_in_prompt)
@@ -79,3 +95,51 @@ def extract(
             log.warning("extraction stays malformed; keeping it degraded", extra={"episode_id": episode_id})
     degraded = ExtractionResult(summary=summarize_messages(conversation)[:10_000])
     return Extraction(degraded, "degraded", reply.model, template.version, usage)
+
+
+def merged(parts: Sequence[Extraction]) -> Extraction:
+    """One extraction of a conversation extracted in windows: entities merged on their key (first name and
+    type given, latest description), relationships on their ends (strongest weight, latest description),
+    the window summaries in order as one summary; degraded when any window was. Usage and drops add up."""
+    entities: dict[str, Entity] = {}
+    for part in parts:
+        for entity in part.result.entities:
+            key = entity_key(entity.name)
+            known = entities.get(key)
+            if known is None:
+                entities[key] = entity
+                continue
+            entities[key] = known.model_copy(
+                update={
+                    "type": known.type if known.type != "other" else entity.type,
+                    "description": entity.description or known.description,
+                }
+            )
+    relationships: dict[tuple[str, str], Relationship] = {}
+    for part in parts:
+        for rel in part.result.relationships:
+            ends = (entity_key(rel.source), entity_key(rel.target))
+            known_rel = relationships.get(ends)
+            if known_rel is None:
+                relationships[ends] = rel
+                continue
+            relationships[ends] = known_rel.model_copy(
+                update={
+                    "weight": max(known_rel.weight, rel.weight),
+                    "description": rel.description or known_rel.description,
+                }
+            )
+    summary = " ".join(dict.fromkeys(p.result.summary.strip() for p in parts if p.result.summary.strip()))
+    result = ExtractionResult(
+        summary=summary[:10_000],
+        entities=list(entities.values())[:500],
+        relationships=list(relationships.values())[:1000],
+    )
+    usage = parts[0].usage
+    for part in parts[1:]:
+        usage = usage + part.usage
+    dropped = Dropped(
+        entities=sum(p.dropped.entities for p in parts), relationships=sum(p.dropped.relationships for p in parts)
+    )
+    kind: ExtractionKind = "degraded" if any(p.kind == "degraded" for p in parts) else "llm"
+    return Extraction(result, kind, parts[-1].model, parts[0].prompt_version, usage, dropped, windows=len(parts))

@@ -21,6 +21,11 @@ def normalize_name(name: str) -> str:
     return _SPACES.sub(" ", unicodedata.normalize("NFKC", name).casefold()).strip()
 
 
+def entity_key(name: str) -> str:
+    """What entities merge on (their uid is made of it and the user id)."""
+    return normalize_name(name) or name.strip()
+
+
 def entity_uid(user_id: str, key: str) -> str:
     """Entities are per user: the same name for two users is two entities."""
     return "ent_" + _digest("entity", user_id, key)

@@ -162,6 +162,9 @@ class ExtractionDetails(_Frozen):
     # Entities and relationships of the model's answer left out because they did not validate (counts).
     dropped_entities: int = Field(0, ge=0)
     dropped_relationships: int = Field(0, ge=0)
+    # Windows of messages the conversation was extracted in: more than one when it did not fit the model's
+    # context window (worker/llm/window.py); one LLM call each, re-asks aside.
+    windows: int = Field(1, ge=1)
 
 
 class EpisodeRecord(ExtractionDetails):

@@ -149,6 +149,7 @@ def _record(
         cost_usd=extraction.usage.cost_usd,
         dropped_entities=extraction.dropped.entities,
         dropped_relationships=extraction.dropped.relationships,
+        windows=extraction.windows,
         message_spans=spans if settings.store_content else (),
     )
 

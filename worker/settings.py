@@ -46,6 +46,13 @@ class Settings(BaseSettings):
     llm_api_key: SecretStr | None = Field(None, description="API key passed to litellm (else the provider's own env).")
     llm_timeout_s: float = Field(60.0, gt=0, le=600, description="Timeout of one LLM call.")
     llm_max_tokens: int = Field(2000, ge=64, le=100_000, description="Most tokens the LLM may answer with.")
+    llm_context_tokens: int | None = Field(
+        None,
+        ge=1_000,
+        le=10_000_000,
+        description="The models' input window in tokens; a longer conversation is extracted in windows "
+        "(unset: litellm's model info; a model it does not know gets the whole conversation).",
+    )
     llm_structured_output: Literal["auto", "json_schema", "json_object"] = Field(
         "auto",
         description="auto: JSON schema where litellm says the model supports it, else JSON mode with the schema "

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from worker.identity import entity_uid, normalize_name, user_tag
+from worker.identity import entity_key, entity_uid, user_tag
 from worker.llm.embeddings import unpack
 from worker.models import Entity, EpisodeRecord, Relationship
 from worker.terms import indexed
@@ -23,11 +23,6 @@ class SaveParams:
     entities: list[dict[str, Any]]
     relationships: list[dict[str, Any]]
     chunks: list[dict[str, Any]]
-
-
-def entity_key(name: str) -> str:
-    """What entities merge on (their uid is made of it and the user id)."""
-    return normalize_name(name) or name.strip()
 
 
 EpisodeWrite = tuple[EpisodeRecord, Sequence[Entity], Sequence[Relationship]]
