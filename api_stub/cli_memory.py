@@ -24,13 +24,16 @@ def export(user_id: str, output: Path | None) -> None:
                 sys.stdout.write(line)
             return
         partial = output.with_name(output.name + ".partial")  # the file appears whole, or not at all
-        with (
-            partial.open("w", encoding="utf-8") as handle,
-            click.progressbar(lines, label="export", file=sys.stderr) as bar,
-        ):
-            for line in bar:
-                handle.write(line)
-        partial.replace(output)
+        try:
+            with (
+                partial.open("w", encoding="utf-8") as handle,
+                click.progressbar(lines, label="export", file=sys.stderr) as bar,
+            ):
+                for line in bar:
+                    handle.write(line)
+            partial.replace(output)
+        finally:
+            partial.unlink(missing_ok=True)
     click.echo(f"exported user {user_id!r} to {output}", err=True)
 
 

@@ -348,6 +348,7 @@ class MemoryClient(MemoryTransfer):
 
     def close(self) -> None:
         self._app = None
+        self._close_bulk()
         if self._recaller is not None:
             self._recaller.close()
             self._redis.close()

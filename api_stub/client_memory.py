@@ -11,33 +11,48 @@ if TYPE_CHECKING:
 
     from api_stub.portability import ImportReport
     from api_stub.reextract import ReextractPlan, ReextractReport
+    from worker.graph.neo4j_store import Neo4jGraphStore
     from worker.settings import Settings
 
 audit = logging.getLogger("memory.audit")
 
 
 class MemoryTransfer:
-    """Part of MemoryClient, which gives the settings and the recall side's graph store."""
+    """Part of MemoryClient, which gives the settings. Bulk work (export, import, re-extraction's choice) has
+    a graph store of its own with the write path's timeouts and retries, not recall's budget-bound ones."""
 
     _settings: Settings
+    _bulk: Neo4jGraphStore | None = None
 
-    def _recall(self) -> Any:
-        raise NotImplementedError
+    def _bulk_store(self) -> Neo4jGraphStore:
+        if self._bulk is None:
+            from worker.graph.neo4j_store import Neo4jGraphStore
+
+            self._bulk = Neo4jGraphStore.from_settings(self._settings)
+        return self._bulk
+
+    def _close_bulk(self) -> None:
+        if self._bulk is not None:
+            self._bulk.close()
+            self._bulk = None
 
     def export_user(self, user_id: str) -> Iterator[str]:
         """Everything kept about the user, as JSON Lines (api_stub/export_format.py), read from Neo4j in pages
         as the lines are consumed. The header is read at once (a store that is down raises here)."""
-        from api_stub.portability import export_lines
+        from api_stub.export_lines import export_lines
         from api_stub.recall import check_user_id
 
         user_id = check_user_id(user_id)
-        lines = export_lines(self._recall().store, user_id)
-        first = next(lines)
-        audit.info("export", extra={"event": "export", "user_id": user_id})
+        lines = export_lines(self._bulk_store(), user_id, self._settings.embedding_model)
+        first = next(lines)  # the header: a store that is down fails here, before any line is handed out
 
         def rest() -> Iterator[str]:
             yield first
-            yield from lines
+            count = 1
+            for line in lines:
+                count += 1
+                yield line
+            audit.info("export", extra={"event": "export", "user_id": user_id, "lines": count})
 
         return rest()
 
@@ -51,10 +66,11 @@ class MemoryTransfer:
 
         target = check_user_id(as_user) if as_user is not None else None
         report = import_file(
-            self._recall().store,
+            self._bulk_store(),
             path,
             as_user=target,
             store_content=self._settings.store_content,
+            embedding_model=self._settings.embedding_model,
             advance=advance or (lambda _n: None),
         )
         audit.info("import", extra={"event": "import", "user_id": report.user_id, **report.model_dump()})
@@ -90,4 +106,4 @@ class MemoryTransfer:
         from api_stub.recall import check_user_id
 
         user = check_user_id(user_id) if user_id is not None else None
-        return reextract.chosen(self._recall().store, user, only_degraded=only_degraded, older_than=older_than)
+        return reextract.chosen(self._bulk_store(), user, only_degraded=only_degraded, older_than=older_than)

@@ -15,10 +15,11 @@ and takes only the details from these lines.
 
 from __future__ import annotations
 
-from datetime import datetime
+import base64
+import binascii
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from worker.models import Entity, ExtractionDetails, Identifier, Name, Relationship
 
@@ -44,8 +45,11 @@ class HeaderLine(_Line):
     format: Literal["memory-export"] = "memory-export"
     version: int
     user_id: Identifier
-    exported_at: datetime
+    exported_at: AwareDatetime
     counts: Counts
+    # The model the window embeddings were made with (None: none were): an import into a deployment with
+    # another model (or none) leaves them out, as vectors of one model mean nothing to another.
+    embedding_model: str | None = None
 
 
 class EpisodeLine(ExtractionDetails):
@@ -54,13 +58,37 @@ class EpisodeLine(ExtractionDetails):
     session_id: Identifier
     summary: Annotated[str, StringConstraints(max_length=10_000)]
     content: str | None
-    created_at: datetime
-    occurred_at: datetime | None = None
+    created_at: AwareDatetime
+    occurred_at: AwareDatetime | None = None
     source_digest: str = ""
     accepted_at: float | None = None  # when the exporting deployment accepted it (an import accepts it anew)
     entities: list[Entity] = Field(default_factory=list, max_length=10_000)
     relationships: list[Relationship] = Field(default_factory=list, max_length=10_000)
-    window_vectors: list[str] = Field(default_factory=list)  # packed (worker/llm/embeddings.py), one a window
+    # The search windows ([start, end) in content) and their embeddings (packed, worker/llm/embeddings.py),
+    # in order: restored exactly, so each embedding stays with its window.
+    search_windows: list[tuple[int, int]] = Field(default_factory=list)
+    window_vectors: list[str] = Field(default_factory=list)
+
+    @field_validator("window_vectors")
+    @classmethod
+    def _packed(cls, vectors: list[str]) -> list[str]:
+        for vector in vectors:
+            try:
+                raw = base64.b64decode(vector, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError("a window vector is not base64") from None
+            if not raw or len(raw) % 2:
+                raise ValueError("a window vector is not packed float16 values")
+        return vectors
+
+    @model_validator(mode="after")
+    def _windows_fit(self) -> EpisodeLine:
+        length = len(self.content or "")
+        if any(not 0 <= start < end <= length for start, end in self.search_windows):
+            raise ValueError("a window lies outside the content")
+        if self.window_vectors and len(self.window_vectors) != len(self.search_windows):
+            raise ValueError("one window vector a window is expected")
+        return self
 
 
 class EntityLine(_Line):
@@ -69,8 +97,8 @@ class EntityLine(_Line):
     type: Annotated[str, StringConstraints(max_length=64)]
     description: Text
     mentions: int = Field(ge=0)
-    first_seen: datetime
-    last_seen: datetime
+    first_seen: AwareDatetime
+    last_seen: AwareDatetime
 
 
 class RelationshipLine(_Line):

@@ -20,8 +20,9 @@ reason, and nothing is enqueued or written.
 
 from __future__ import annotations
 
+import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any
@@ -43,6 +44,7 @@ from worker.errors import EpisodeRejected, QueryRejected, QueueFull, SettingsErr
 from worker.models import MemoryContext
 from worker.settings import Settings
 
+log = logging.getLogger(__name__)
 _BEARER = HTTPBearer(auto_error=False)  # module level: annotations are resolved from module globals
 
 
@@ -210,7 +212,15 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
         parts = _raw_parts(request)
         if len(parts) != 6 or parts[:3] != ["", "v1", "users"] or parts[4:] != ["memory", "export"]:
             return _problem(404, "not_found", "no such resource (a / inside an id is sent as %2F)")
-        return StreamingResponse(memory.export_user(parts[3]), media_type="application/x-ndjson")
+        lines = memory.export_user(parts[3])  # the header is read here: a store that is down answers 503
+
+        def streamed() -> Iterator[str]:
+            try:
+                yield from lines
+            except Exception as exc:  # the status is sent: the body ends without its end line (incomplete)
+                log.error("export stopped", extra={"user_id": parts[3], "error_class": type(exc).__name__})
+
+        return StreamingResponse(streamed(), media_type="application/x-ndjson")
 
     health = CachedHealth(memory.health)  # open to anyone: at most one probe of the stores per 2 s
 

@@ -1,10 +1,8 @@
-"""export_user and import_memory: a user's memory out as JSON Lines (api_stub/export_format.py) and back in.
+"""import_memory: a user's memory, exported as JSON Lines (api_stub/export_format.py), loaded back.
 
-Export streams in pages (worker/graph/portable.py): constant memory, whatever the user's history.
-
-Import makes no LLM call. It reads the file twice: first it validates every line (JSON, kind order, fields,
-the end line's counts), and a bad line stops it before anything is written, with its line number; then it
-saves the episodes in batches through the ordinary persist transaction (so mentions, weights and support
+Import makes no LLM call. It reads the file three times: first it validates every line (JSON, kind order,
+fields, the end line's counts), then it checks the episode ids (one stored here for another user), and a bad
+line stops it before anything is written, with its line number; then it saves the episodes in batches through the ordinary persist transaction (so mentions, weights and support
 are counted exactly as when they were first saved, and an episode already stored is left as it is), then
 restores entity and relationship details and session progress. Every step is idempotent: a second import
 changes nothing, and an import cut short (a store outage) is finished by running it again.
@@ -12,8 +10,9 @@ changes nothing, and an import cut short (a store outage) is finished by running
 Choices: episode ids are kept (they are unique across the deployment, so `as_user` into the deployment that
 still holds the original user's episodes is refused: move a user by exporting, forgetting, importing). An
 imported episode is accepted at import time (`accepted_at`), so an earlier forget or erasure of the user does
-not drop it: importing is an explicit act of putting memory back. Search windows are rebuilt from the
-content's message lines, as `memctl reindex` does; with MEMORY_STORE_CONTENT=false no content is imported.
+not drop it: importing is an explicit act of putting memory back; an erasure while the import runs stops it.
+Search windows are restored as exported (their embeddings only when this deployment embeds with the model
+that made them); with MEMORY_STORE_CONTENT=false no content is imported.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +40,9 @@ from api_stub.export_format import (
 )
 from worker.errors import QueryRejected, StoreRequestError, StoreUnavailable
 from worker.graph.neo4j_store import Neo4jGraphStore
-from worker.graph.params import EpisodeWrite, spans_from_content
+from worker.graph.params import EpisodeWrite, spans_from_content, spans_from_windows
 from worker.identity import entity_key, entity_uid
-from worker.llm.embeddings import pack
-from worker.models import Entity, EpisodeRecord, Relationship
+from worker.models import EpisodeRecord
 from worker.sessions import progress_key
 
 EPISODE_BATCH = 100
@@ -66,65 +63,9 @@ class ImportReport(BaseModel):
     episodes_created: int  # written now
     episodes_present: int  # already stored (an earlier import, or the same episode)
     episodes_conflicting: int  # the id is stored with other content: left as it is
-    episodes_dropped: int  # an erasure of the user ran during the import: what it accepted before is dropped
     entities_restored: int
     relationships_restored: int
     sessions_restored: int  # sessions whose progress moved forward
-
-
-# --- export -------------------------------------------------------------------------------------------
-
-
-def export_lines(store: Neo4jGraphStore, user_id: str) -> Iterator[str]:
-    """The user's memory as JSON Lines (each ends with a newline); nothing is read until iterated."""
-    counts = Counts(**store.export_counts(user_id))
-    header = HeaderLine(version=VERSION, user_id=user_id, exported_at=datetime.now(UTC), counts=counts)
-    yield _dump(header)
-    written: Counter[str] = Counter()
-    for row in store.export_episodes(user_id):
-        written["episodes"] += 1
-        yield _dump(_episode_line(row))
-    for row in store.export_entities(user_id):
-        written["entities"] += 1
-        yield _dump(EntityLine(**{k: row[k] for k in EntityLine.model_fields if k != "kind"}))
-    for row in store.export_relationships(user_id):
-        written["relationships"] += 1
-        fields = {k: row[k] for k in RelationshipLine.model_fields if k != "kind"}
-        yield _dump(RelationshipLine(**{**fields, "weight": float(fields["weight"])}))
-    for row in store.export_sessions(user_id):
-        written["sessions"] += 1
-        yield _dump(SessionLine(**{k: row[k] for k in SessionLine.model_fields if k != "kind"}))
-    yield _dump(EndLine(lines=Counts(**{k: written[k] for k in Counts.model_fields})))
-
-
-def _dump(line: BaseModel) -> str:
-    return line.model_dump_json() + "\n"
-
-
-def _episode_line(row: dict[str, Any]) -> EpisodeLine:
-    episode = row["episode"]
-    names = {uid: name for uid, name, _type, _description in row["mentions"]}
-    entities = [Entity(name=name, type=type_ or "other", description=d or "") for _, name, type_, d in row["mentions"]]
-    added: Iterable[tuple[Any, ...]]
-    if episode.get("rel_sources") is not None:
-        added = zip(
-            episode["rel_sources"],
-            episode["rel_targets"],
-            episode["rel_weights"],
-            episode["rel_descriptions"],
-            strict=True,
-        )
-    else:  # saved before episodes recorded what they added: an equal share of what lists them
-        added = (tuple(r) for r in row["legacy_relationships"] or [])
-    relationships = [
-        Relationship(source=names[s], target=names[t], weight=float(w), description=d or "")
-        for s, t, w, d in added
-        if s in names and t in names
-    ]
-    vectors = row["vectors"]
-    packed = [pack(v) for v in vectors] if len(vectors) == row["windows"] and all(vectors) else []
-    fields = {k: episode.get(k) for k in EpisodeLine.model_fields if k in episode and k != "kind"}
-    return EpisodeLine(**fields, entities=entities, relationships=relationships, window_vectors=packed)
 
 
 # --- import -------------------------------------------------------------------------------------------
@@ -132,8 +73,12 @@ def _episode_line(row: dict[str, Any]) -> EpisodeLine:
 
 def _lines(path: Path) -> Iterator[tuple[int, Any]]:
     """(line number, parsed object) of each line; a blank line is skipped."""
-    with path.open(encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ImportRejected(number, "not UTF-8") from None
             if not text.strip():
                 continue
             try:
@@ -177,7 +122,7 @@ def validate_file(path: Path, as_user: str | None = None) -> tuple[HeaderLine, i
         elif isinstance(line, EpisodeLine):
             assert header is not None
             try:
-                _record(line, as_user or header.user_id, 0.0, store_content=True)
+                _record(line, as_user or header.user_id, 0.0, store_content=True, keep_vectors=True)
             except ValidationError as exc:
                 raise ImportRejected(number, f"episode: {exc.errors()[0]['msg']}") from None
         elif isinstance(line, EndLine):
@@ -192,15 +137,24 @@ def validate_file(path: Path, as_user: str | None = None) -> tuple[HeaderLine, i
     return header, total
 
 
-def _record(line: EpisodeLine, user_id: str, accepted_at: float, *, store_content: bool) -> EpisodeRecord:
+def _record(
+    line: EpisodeLine, user_id: str, accepted_at: float, *, store_content: bool, keep_vectors: bool
+) -> EpisodeRecord:
+    """The episode to save: its search windows exactly as exported (from the content's message lines when
+    the export has none), with their embeddings when they were made by this deployment's model."""
     content = line.content if store_content else None
-    fields = line.model_dump(exclude={"kind", "entities", "relationships", "window_vectors", "accepted_at", "content"})
+    fields = line.model_dump(
+        exclude={"kind", "entities", "relationships", "search_windows", "window_vectors", "accepted_at", "content"}
+    )
+    spans: tuple[tuple[int, int], ...] = ()
+    if content:
+        spans = spans_from_windows(line.search_windows) if line.search_windows else spans_from_content(content)
     return EpisodeRecord(
         **fields,
         user_id=user_id,
         content=content,
-        message_spans=spans_from_content(content) if content else (),
-        window_vectors=tuple(line.window_vectors) if content else (),
+        message_spans=spans,
+        window_vectors=tuple(line.window_vectors) if content and keep_vectors else (),
         accepted_at=accepted_at,
     )
 
@@ -211,11 +165,15 @@ def import_file(
     *,
     as_user: str | None = None,
     store_content: bool = True,
+    embedding_model: str | None = None,
     advance: Callable[[int], None] = lambda _n: None,
 ) -> ImportReport:
-    """Validate the whole file, then write it (see the module's notes); `advance(n)` after n more lines."""
+    """Validate the whole file, then write it (see the module's notes); `advance(n)` after n more lines.
+    embedding_model: this deployment's (window embeddings of another model are left out)."""
     header, _total = validate_file(path, as_user)
     user_id = as_user or header.user_id
+    keep_vectors = header.embedding_model == embedding_model  # vectors of one model mean nothing to another
+    _refuse_foreign_ids(store, path, user_id)
     store.ensure_schema()  # a deployment no worker has started yet
     accepted_at = time.time()
     outcomes: Counter[str] = Counter()
@@ -226,10 +184,20 @@ def import_file(
         rows = pending.get(kind)
         if not rows:
             return
-        if kind == "episode":
-            outcomes.update(_save(store, rows))
-        else:
-            restored[kind] += store.restore(kind, user_id, rows)
+        try:
+            if kind == "episode":
+                saved = _save(store, rows)
+                if "forgotten" in saved:  # erased while the import ran: what follows is not written either
+                    raise StoreRequestError("the user was erased", cause="ErasedDuringImport")
+                outcomes.update(saved)
+            else:
+                restored[kind] += store.restore(kind, user_id, rows, accepted_at)
+        except StoreRequestError as exc:
+            if exc.cause != "ErasedDuringImport":
+                raise
+            raise QueryRejected(
+                "the user was erased while the import ran; run it again to import anew", "file"
+            ) from None
         advance(len(rows))
         rows.clear()
 
@@ -240,7 +208,7 @@ def import_file(
             flush(previous)
             previous = kind
         if isinstance(line, EpisodeLine):
-            record = _record(line, user_id, accepted_at, store_content=store_content)
+            record = _record(line, user_id, accepted_at, store_content=store_content, keep_vectors=keep_vectors)
             pending[kind].append((record, line.entities, line.relationships))
         elif kind in pending:
             pending[kind].append(_detail_row(line, user_id))
@@ -255,11 +223,33 @@ def import_file(
         episodes_created=outcomes["created"],
         episodes_present=outcomes["exists"],
         episodes_conflicting=outcomes["conflict"],
-        episodes_dropped=outcomes["forgotten"],
         entities_restored=restored["entity"],
         relationships_restored=restored["relationship"],
         sessions_restored=restored["session"],
     )
+
+
+def _refuse_foreign_ids(store: Neo4jGraphStore, path: Path, user_id: str) -> None:
+    """Episode ids are unique in a deployment: one the file holds that is stored for another user refuses the
+    whole import before anything is written (a read of the ids, in batches)."""
+    batch: list[str] = []
+
+    def check() -> None:
+        foreign = store.foreign_episodes(user_id, batch) if batch else []
+        if foreign:
+            raise QueryRejected(
+                f"episode {foreign[0]} is stored for another user here: episode ids are unique in a deployment; "
+                "move a user by export, forget, import",
+                "file",
+            )
+        batch.clear()
+
+    for _number, obj in _lines(path):
+        if isinstance(obj, dict) and obj.get("kind") == "episode":
+            batch.append(str(obj.get("id")))
+            if len(batch) >= 500:
+                check()
+    check()
 
 
 def _save(store: Neo4jGraphStore, writes: list[EpisodeWrite]) -> list[str]:

@@ -4,6 +4,7 @@ second import changes nothing, a bad file writes nothing, and the export reads i
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from tests.ingest_helpers import graph_facts
 from tests.servers import ServerProcess
 from tests.test_http import AUTH, server  # noqa: F401  (the fixture)
 from tests.test_policy_and_dlq import memctl
-from worker.errors import QueryRejected
+from worker.errors import QueryRejected, StoreRequestError
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.llm.embeddings import pack
 from worker.models import Limits, MemoryContext, build_episode
@@ -46,6 +47,12 @@ def remember(user: str, settings: Settings, store: Neo4jGraphStore) -> None:
     )
     store.save_episode(first, entities("Ada", "Bo"), [relation("Ada", "Bo", 0.5, "climbs with")])
     store.save_episode(second, entities("Ada"), [relation("Ada", "Bo", 0.25, "sails with")])
+    quoted = "user: she wrote\nassistant: this line is quoted\nuser: ok\nassistant: fine"  # 3 messages, not 4
+    second_start, third_start = quoted.index("user: ok"), quoted.index("assistant: fine")
+    spans = ((0, second_start - 1), (second_start, third_start - 1), (third_start, len(quoted)))
+    vectors = tuple(pack([float(i), 1.0]) for i in range(3))
+    kept = record(user, quoted, session_id="quoted")
+    store.save_episode(kept.model_copy(update={"message_spans": spans, "window_vectors": vectors}), entities("Ada"), [])
 
 
 def export(client: MemoryClient, user: str) -> list[dict[str, Any]]:
@@ -78,7 +85,7 @@ def test_export_forget_import_gives_the_same_memory_and_recall_and_a_second_impo
         before[0]["counts"]
         == before[-1]["lines"]
         == {
-            "episodes": 5,
+            "episodes": 6,
             "entities": kinds.count("entity"),
             "relationships": kinds.count("relationship"),
             "sessions": 2,
@@ -87,6 +94,8 @@ def test_export_forget_import_gives_the_same_memory_and_recall_and_a_second_impo
     sailing = next(line for line in before if line["kind"] == "episode" and "sailing" in (line["content"] or ""))
     assert sailing["relationships"] == [{"source": "Ada", "target": "Bo", "description": "sails with", "weight": 0.25}]
     assert sailing["window_vectors"] == [pack([0.5, -0.25, 1.0])]
+    quoted = next(line for line in before if line["kind"] == "episode" and line["session_id"] == "quoted")
+    assert quoted["search_windows"] == [[0, 55], [0, 71], [47, 71]] and len(quoted["window_vectors"]) == 3
     ada_bo = next(line for line in before if line["kind"] == "relationship" and line["source"] == "Ada")
     assert (ada_bo["weight"], ada_bo["support"]) == (0.75, 2)
     recalled = client.retrieve_memory(user, "where does my sister Ada live")
@@ -96,7 +105,7 @@ def test_export_forget_import_gives_the_same_memory_and_recall_and_a_second_impo
     assert graph_facts(store, user)["episodes"] == 0
     path = write(tmp_path / "memory.jsonl", before)
     report = client.import_memory(path)
-    assert (report.episodes_created, report.episodes_present, report.sessions_restored) == (5, 0, 2)
+    assert (report.episodes_created, report.episodes_present, report.sessions_restored) == (6, 0, 2)
 
     after = export(client, user)
     assert comparable(after) == comparable(before)
@@ -104,7 +113,7 @@ def test_export_forget_import_gives_the_same_memory_and_recall_and_a_second_impo
     assert answer(again) == answer(recalled)
 
     second = client.import_memory(path)
-    assert (second.episodes_created, second.episodes_present, second.sessions_restored) == (0, 5, 0)
+    assert (second.episodes_created, second.episodes_present, second.sessions_restored) == (0, 6, 0)
     assert comparable(export(client, user)) == comparable(after)
     assert [line.get("accepted_at") for line in export(client, user)] == [line.get("accepted_at") for line in after]
 
@@ -126,7 +135,7 @@ def test_import_as_another_user_and_ids_already_held_by_someone_else_are_refused
     assert graph_facts(store, moved)["episodes"] == 0
     client.forget_user(user)
     report = client.import_memory(path, as_user=moved)
-    assert report.user_id == moved and report.episodes_created == 5
+    assert report.user_id == moved and report.episodes_created == 6
     assert graph_facts(store, user)["episodes"] == 0
     assert client.retrieve_memory(moved, "Ada Porto bakery").related_episodes
 
@@ -147,6 +156,12 @@ def damaged(lines: list[dict[str, Any]], how: str) -> tuple[list[dict[str, Any]]
     if how == "version":
         lines[0]["version"] = 99
         return lines, 1, "format version 99"
+    if how == "vector":
+        lines[episode]["window_vectors"] = ["not base64!"] * len(lines[episode]["search_windows"])
+        return lines, episode + 1, "not base64"
+    if how == "naive":
+        lines[episode]["created_at"] = "2026-03-01T10:00:00"
+        return lines, episode + 1, "timezone"
     if how == "cut":
         return lines[:-1], len(lines), "cut short"
     if how == "counts":
@@ -155,7 +170,7 @@ def damaged(lines: list[dict[str, Any]], how: str) -> tuple[list[dict[str, Any]]
     raise AssertionError(how)
 
 
-@pytest.mark.parametrize("how", ["field", "kind", "order", "version", "cut", "counts"])
+@pytest.mark.parametrize("how", ["field", "kind", "order", "version", "vector", "naive", "cut", "counts"])
 def test_a_bad_line_is_named_and_nothing_of_the_file_is_written(
     how: str, settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser, tmp_path: Path
 ) -> None:
@@ -170,11 +185,49 @@ def test_a_bad_line_is_named_and_nothing_of_the_file_is_written(
     assert store.export_counts(user) == {"episodes": 0, "entities": 0, "relationships": 0, "sessions": 0}
 
 
-def test_not_json_is_named_too(client: MemoryClient, tmp_path: Path) -> None:
+def test_not_json_or_not_utf8_is_named_too(client: MemoryClient, tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"kind": "header"\n', encoding="utf-8")
     with pytest.raises(ImportRejected, match="line 1: not JSON"):
         client.import_memory(path)
+    path.write_bytes(b'\n{"kind": "\xff"}\n')
+    with pytest.raises(ImportRejected, match="line 2: not UTF-8"):
+        client.import_memory(path)
+
+
+def test_an_id_held_by_another_user_anywhere_in_the_file_refuses_the_import_before_any_write(
+    settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser, tmp_path: Path
+) -> None:
+    user, squatter = new_user("owner"), new_user("squatter")
+    remember(user, settings, store)
+    lines = export(client, user)
+    client.forget_user(user)
+    last = [line for line in lines if line["kind"] == "episode"][-1]  # the last one saved: a later batch
+    store.save_episode(record(squatter, "user: mine now", episode_id=last["id"]), entities("Zed"), [])
+    with pytest.raises(QueryRejected, match=f"episode {last['id']} is stored for another user"):
+        client.import_memory(write(tmp_path / "memory.jsonl", lines))
+    assert store.export_counts(user) == {"episodes": 0, "entities": 0, "relationships": 0, "sessions": 0}
+
+
+def test_vectors_of_another_embedding_model_are_left_out_and_an_erasure_during_an_import_stops_it(
+    settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser, tmp_path: Path
+) -> None:
+    user = new_user("vectors")
+    remember(user, settings, store)
+    path = write(tmp_path / "memory.jsonl", export(client, user))
+    client.forget_user(user)
+    other_model = MemoryClient(settings.model_copy(update={"embedding_model": "openai/another-model"}))
+    try:
+        other_model.import_memory(path)
+    finally:
+        other_model.close()
+    assert all(line.get("window_vectors", []) == [] for line in export(client, user))
+    erased_at = time.time()
+    store.mark_erased(user, erased_at, erasing_for_s=0.0)
+    rows = [{"key": "k", "session_id": "s", "extracted": 1, "digest": "d", "hashes": None}]
+    with pytest.raises(StoreRequestError) as refused:
+        store.restore("session", user, rows, accepted_at=erased_at - 1)
+    assert refused.value.cause == "ErasedDuringImport"
 
 
 def test_every_kind_reads_the_same_rows_in_pages_of_one_as_in_one_page(
@@ -197,11 +250,11 @@ def test_memctl_export_and_import_memory(
     out = tmp_path / "out.jsonl"
     done = memctl("export", "--user", user, "-o", str(out))
     assert done.returncode == 0, done.stderr
-    assert json.loads(out.read_text().splitlines()[0])["counts"]["episodes"] == 5
+    assert json.loads(out.read_text().splitlines()[0])["counts"]["episodes"] == 6
     client.forget_user(user)
     imported = memctl("import-memory", str(out))
     assert imported.returncode == 0, imported.stderr
-    assert json.loads(imported.stdout)["episodes_created"] == 5 and "import" in imported.stderr  # the bar
+    assert json.loads(imported.stdout)["episodes_created"] == 6 and "import" in imported.stderr  # the bar
     bad = tmp_path / "bad.jsonl"
     bad.write_text(out.read_text().replace('"kind":"episode"', '"kind":"nonsense"', 1))
     refused = memctl("import-memory", str(bad))

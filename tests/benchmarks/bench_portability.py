@@ -17,7 +17,8 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-from api_stub.portability import export_lines, import_file
+from api_stub.export_lines import export_lines
+from api_stub.portability import import_file
 from tests.benchmarks.bench_store import episode
 from tests.benchmarks.common import Corpus, write_results
 from tests.services import load_services_env

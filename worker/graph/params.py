@@ -61,6 +61,18 @@ def windows(spans: Sequence[tuple[int, int]], length: int) -> list[tuple[int, in
     ]
 
 
+def spans_from_windows(exported: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Message spans whose windows are exactly these (an import restores an episode's windows as exported).
+    A window is (start of the previous message, end of the next), so message i starts where window i + 1
+    does and ends where window i - 1 does; the first message's end and the last one's start are never read."""
+    n = len(exported)
+    if n <= 1:
+        return tuple(exported)
+    starts = [exported[i + 1][0] for i in range(n - 1)] + [exported[n - 1][0]]
+    ends = [exported[0][1]] + [exported[i - 1][1] for i in range(1, n)]
+    return tuple(zip(starts, ends, strict=True))
+
+
 _ROLE_LINE = re.compile(r"^(?:user|assistant|system|tool): ", re.M)
 
 

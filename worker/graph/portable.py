@@ -13,13 +13,21 @@ and the sessions' extraction progress (which only moves forward).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from neo4j import ManagedTransaction
+
+from worker.errors import StoreRequestError
+from worker.graph import cypher
 from worker.graph.errors import translated
 from worker.graph.parts import StorePart
 from worker.graph.values import native
+from worker.identity import user_tag
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 COUNTS = """
 CALL () { MATCH (e:Episode {user_id: $user_id}) RETURN count(e) AS episodes }
@@ -29,21 +37,24 @@ CALL () { MATCH (p:SessionProgress {user_id: $user_id}) RETURN count(p) AS sessi
 RETURN episodes, entities, relationships, sessions
 """
 
-# What each episode added: its mentions (entity, and the description this episode gave), the relationships
+# Episodes in the order they were stored (created_at, then id), so an import saves them in that order. What
+# each episode added: its mentions (entity, and the description this episode gave), the relationships
 # it recorded when saved (rel_* lists; an episode saved before those existed gets an equal share of each
 # relationship that lists it), and its search windows' embeddings in order.
 EPISODES_PAGE = """
-MATCH (e:Episode {user_id: $user_id}) WHERE e.id > $after
-WITH e ORDER BY e.id LIMIT $page
-RETURN e.id AS id, e {.*, terms: null, user_tag: null, save_token: null} AS episode,
+MATCH (e:Episode {user_id: $user_id})
+WITH e, coalesce(e.created_at, datetime({epochMillis: 0})) AS at
+WHERE at > $after_at OR (at = $after_at AND e.id > $after)
+WITH e, at ORDER BY at, e.id LIMIT $page
+RETURN e.id AS id, at, e {.*, terms: null, user_tag: null, save_token: null} AS episode,
        COLLECT { MATCH (e)-[m:MENTIONS]->(n:Entity) RETURN [n.uid, n.name, n.type, m.description] ORDER BY n.uid }
          AS mentions,
        CASE WHEN e.rel_sources IS NULL THEN COLLECT {
          MATCH (e)-[:MENTIONS]->(a:Entity)-[r:RELATED_TO]->(b:Entity) WHERE e.id IN r.episodes
          RETURN [a.uid, b.uid, r.weight / coalesce(r.support, size(r.episodes)), r.description]
        } END AS legacy_relationships,
-       COLLECT { MATCH (c:Chunk)-[:OF]->(e) RETURN c.embedding ORDER BY c.seq } AS vectors,
-       COUNT { MATCH (c:Chunk)-[:OF]->(e) } AS windows
+       COLLECT { MATCH (c:Chunk)-[:OF]->(e) RETURN [c.start, c.end] ORDER BY c.seq } AS windows,
+       COLLECT { MATCH (c:Chunk)-[:OF]->(e) RETURN c.embedding ORDER BY c.seq } AS vectors
 """
 
 ENTITIES_PAGE = """
@@ -67,6 +78,8 @@ RETURN p.key AS key, p.session_id AS session_id, coalesce(p.extracted, 0) AS ext
        coalesce(p.digest, '') AS digest, p.hashes AS hashes
 ORDER BY key LIMIT $page
 """
+
+FOREIGN = "UNWIND $ids AS id MATCH (e:Episode {id: id}) WHERE e.user_id <> $user_id RETURN e.id AS id"
 
 # An entity whose every mention came from the import (its count is the exported one) takes the exported
 # details; one the deployment already knew from its own episodes keeps its own, widened to the exported times.
@@ -106,7 +119,7 @@ class Portability(StorePart):
         with translated("export"), self._read_session() as session:
             return dict(session.run(COUNTS, user_id=user_id).single(strict=True))
 
-    def _pages(self, statement: str, user_id: str, page: int, after: dict[str, str]) -> Iterator[dict[str, Any]]:
+    def _pages(self, statement: str, user_id: str, page: int, after: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Every row of a paged statement; `after` holds its cursor's parameters, named as the returned
         columns that set them (`after_source` ← `source_uid`...)."""
         cursor = dict(after)
@@ -119,8 +132,9 @@ class Portability(StorePart):
             last = rows[-1]
             cursor = {name: last[column] for name, column in _CURSOR_COLUMNS[statement].items()}
 
-    def export_episodes(self, user_id: str, page: int = 200) -> Iterator[dict[str, Any]]:
-        yield from self._pages(EPISODES_PAGE, user_id, page, {"after": ""})
+    def export_episodes(self, user_id: str, page: int = 50) -> Iterator[dict[str, Any]]:
+        """Pages of 50: an episode may hold 200,000 characters and an embedding per message."""
+        yield from self._pages(EPISODES_PAGE, user_id, page, {"after_at": _EPOCH, "after": ""})
 
     def export_entities(self, user_id: str, page: int = 1_000) -> Iterator[dict[str, Any]]:
         yield from self._pages(ENTITIES_PAGE, user_id, page, {"after": ""})
@@ -131,25 +145,36 @@ class Portability(StorePart):
     def export_sessions(self, user_id: str, page: int = 1_000) -> Iterator[dict[str, Any]]:
         yield from self._pages(SESSIONS_PAGE, user_id, page, {"after": ""})
 
-    def restore(self, kind: str, user_id: str, rows: list[dict[str, Any]]) -> int:
-        """kind: entity, relationship or session; rows built by api_stub/portability.py. Idempotent."""
+    def foreign_episodes(self, user_id: str, ids: list[str]) -> list[str]:
+        """Which of these episode ids are stored for another user (an import must not touch them)."""
+        with translated("import"), self._read_session() as session:
+            return [r["id"] for r in session.run(FOREIGN, ids=ids, user_id=user_id)]
+
+    def restore(self, kind: str, user_id: str, rows: list[dict[str, Any]], accepted_at: float) -> int:
+        """kind: entity, relationship or session; rows built by api_stub/portability.py. Idempotent. Under
+        the user's lock, as a persist: when the user was erased after the import was accepted (or is being
+        erased), nothing is written and StoreRequestError (cause ErasedDuringImport) is raised."""
         statement = {"entity": RESTORE_ENTITIES, "relationship": RESTORE_RELATIONSHIPS, "session": RESTORE_PROGRESS}[
             kind
         ]
         if not rows:
             return 0
         now = datetime.now(UTC)
-        with translated("import"), self._session() as session:
-            n: int = self._write(
-                session,
-                lambda tx: tx.run(statement, rows=rows, user_id=user_id, now=now).single(strict=True)["n"],
-                bulk=True,
-            )
-        return n
 
+        def work(tx: ManagedTransaction) -> int:
+            mark = tx.run(cypher.LOCK_USERS, tags=[user_tag(user_id)], now=time.time()).single(strict=True)
+            if float(mark["erased_at"]) > accepted_at or float(mark["erasing_until"]) > time.time():
+                raise StoreRequestError("the user was erased while the import ran", cause="ErasedDuringImport")
+            return int(tx.run(statement, rows=rows, user_id=user_id, now=now).single(strict=True)["n"])
+
+        with translated("import"), self._session() as session:
+            return self._write(session, work, bulk=True)
+
+
+_RESTORES = {"entity": RESTORE_ENTITIES, "relationship": RESTORE_RELATIONSHIPS, "session": RESTORE_PROGRESS}
 
 _CURSOR_COLUMNS: dict[str, dict[str, str]] = {
-    EPISODES_PAGE: {"after": "id"},
+    EPISODES_PAGE: {"after_at": "at", "after": "id"},
     ENTITIES_PAGE: {"after": "uid"},
     RELATIONSHIPS_PAGE: {"after_source": "source_uid", "after_target": "target_uid"},
     SESSIONS_PAGE: {"after": "key"},
