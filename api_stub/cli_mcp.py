@@ -23,7 +23,8 @@ from worker.errors import MemoryServiceError
 )
 def mcp(user_id: str | None, http: bool, host: str, port: int, tokens_file: Path | None) -> None:
     """Serve remember, recall, forget_episode, forget_me and export as MCP tools. stdio (default) needs
-    --user; --http needs --tokens-file, or --user with MEMORY_HTTP_TOKEN as its bearer token."""
+    --user; --http needs --tokens-file (a token of its own per user: never the HTTP facade's token, which
+    reaches every user)."""
     from api_stub.client import MemoryClient
     from api_stub.mcp_server import build_server, load_tokens
     from api_stub.recall import check_user_id
@@ -33,12 +34,11 @@ def mcp(user_id: str | None, http: bool, host: str, port: int, tokens_file: Path
         user = check_user_id(user_id) if user_id is not None else None
         tokens: dict[str, str] | None = None
         if http:
-            if tokens_file is not None:
-                tokens = load_tokens(tokens_file)
-            elif user is not None and settings.http_token is not None:
-                tokens = {settings.http_token.get_secret_value(): user}
-            else:
-                raise click.UsageError("--http needs --tokens-file, or --user with MEMORY_HTTP_TOKEN set")
+            if tokens_file is None:
+                raise click.UsageError("--http needs --tokens-file (each bearer token names its user)")
+            if user is not None:
+                raise click.UsageError("--http takes its users from --tokens-file, not --user")
+            tokens = load_tokens(tokens_file)
         elif user is None:
             raise click.UsageError("stdio needs --user (the user whose memory this server serves)")
     except MemoryServiceError as exc:

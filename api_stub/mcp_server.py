@@ -5,8 +5,7 @@ the user is the server's configuration (stdio: `--user`) or the bearer token's o
 token names its user), so a prompt-injected tool call cannot reach another user's memory.
 
 stdio is the default (an MCP client starts `memctl mcp --user U`); `--http` serves streamable HTTP at /mcp,
-where every request needs `Authorization: Bearer <token>` (401 otherwise): the token file's tokens, or
-MEMORY_HTTP_TOKEN for the single `--user`.
+where every request needs `Authorization: Bearer <token>` (401 otherwise) and the token file says whose it is.
 """
 
 from __future__ import annotations
@@ -76,11 +75,13 @@ def build_server(client: MemoryClient, *, user_id: str | None, tokens: dict[str,
     )
 
     def user() -> str:
-        token = get_access_token()
-        if token is not None and token.subject:
+        if tokens is not None:  # HTTP: only the token says who asks
+            token = get_access_token()
+            if token is None or not token.subject:
+                raise ToolError("no user: the request carried no valid token")
             return str(token.subject)
         if user_id is None:
-            raise ToolError("no user: this server has none configured and the request carried no token")
+            raise ToolError("no user: this server has none configured")
         return user_id
 
     def call(work: Callable[[], Any]) -> Any:

@@ -2,10 +2,11 @@
 
 Import makes no LLM call. It reads the file three times: first it validates every line (JSON, kind order,
 fields, the end line's counts), then it checks the episode ids (one stored here for another user), and a bad
-line stops it before anything is written, with its line number; then it saves the episodes in batches through the ordinary persist transaction (so mentions, weights and support
-are counted exactly as when they were first saved, and an episode already stored is left as it is), then
-restores entity and relationship details and session progress. Every step is idempotent: a second import
-changes nothing, and an import cut short (a store outage) is finished by running it again.
+line stops it before anything is written, with its line number; then it saves the episodes in batches
+through the ordinary persist transaction (so mentions, weights and support are counted exactly as when they
+were first saved, and an episode already stored is left as it is), then restores entity and relationship
+details and session progress. Every step is idempotent: a second import changes nothing, and an import cut
+short (a store outage) is finished by running it again.
 
 Choices: episode ids are kept (they are unique across the deployment, so `as_user` into the deployment that
 still holds the original user's episodes is refused: move a user by exporting, forgetting, importing). An

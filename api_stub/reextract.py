@@ -20,19 +20,20 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 
 from worker.errors import QueryRejected, QueueFull
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.graph.params import spans_from_content
-from worker.models import Episode, Message
+from worker.models import Episode, Message, Role
 from worker.offline import MODEL_NAME as OFFLINE
 from worker.pipeline import episode_payload
 from worker.settings import Settings
 
 _VERSION = re.compile(r"@v(\d+)")
+ROLES = set(get_args(Role))
 COMPLETION_SHARE = 0.25  # completion tokens, as a share of the prompt's, for an episode no LLM extracted
 QUEUE_FULL_WAIT_S = 600.0
 
@@ -76,10 +77,12 @@ def chosen(
 
 def messages_of(content: str) -> list[Message]:
     """The messages of a stored episode's content (`role: text` lines; a line that starts like a role inside
-    a message splits it, as for `memctl reindex`)."""
+    a message splits it, as for `memctl reindex`). Content of no such lines is one message of the user."""
     messages = []
     for start, end in spans_from_content(content):
         role, _, text = content[start:end].partition(": ")
+        if role not in ROLES:  # not `role: text` lines (an imported text): the whole text as the user's
+            return [Message(role="user", content=content)] if content.strip() else []
         if text.strip():
             messages.append(Message(role=role, content=text))
     return messages

@@ -57,8 +57,8 @@ def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
         )
         if outcome["status"] == "unchanged" and _stored_by_this_send(rt, payload):
             outcome = {**outcome, "status": "persisted"}
-        if outcome["status"] == "persisted" and outcome["created"]:
-            rt.stats.persisted()
+        if outcome["status"] == "persisted" and outcome["created"] and not payload.get("reextract"):
+            rt.stats.persisted()  # a re-extraction replaces an episode: it is not one more
         rt.inflight.done(outcome["episode_id"])  # final: persisted, unchanged, forgotten, conflict, dead-lettered
         return self.redelivered(outcome)
 

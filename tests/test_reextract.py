@@ -43,10 +43,6 @@ def stored(user: str, episode_id: str, content: str, extraction: ExtractionKind 
     )
 
 
-def _without_ids(rows: dict[Any, dict[str, Any]]) -> dict[Any, dict[str, Any]]:
-    return {k: {f: v for f, v in row.items() if f != "episodes"} for k, row in rows.items()}
-
-
 def again(store: Neo4jGraphStore, settings: Settings, user: str, job: str, episode_id: str) -> dict[str, Any]:
     """One re-extraction through both stages, in process; returns the persist payload and outcome."""
     row = next(r for r in store.episodes_to_reextract(user) if r["id"] == episode_id)
@@ -54,6 +50,11 @@ def again(store: Neo4jGraphStore, settings: Settings, user: str, job: str, episo
     extracted = reextract_stage(payload, settings=settings, store=store, llm=None)
     outcome = persist_stage(extracted, save=store.save_episode, replace=store.replace_extraction)
     return {"extracted": extracted, "outcome": outcome}
+
+
+def labelled(rows: dict[Any, dict[str, Any]], ids: dict[str, str]) -> dict[Any, dict[str, Any]]:
+    """Relation rows with their episode lists' ids replaced by labels (two users' ids differ)."""
+    return {k: {**row, "episodes": [ids[i] for i in row["episodes"]]} for k, row in rows.items()}
 
 
 def test_a_replacement_takes_back_exactly_the_old_extraction_and_a_redelivery_changes_nothing(
@@ -71,17 +72,23 @@ def test_a_replacement_takes_back_exactly_the_old_extraction_and_a_redelivery_ch
     after = (entity_rows(store, user), relation_rows(store, user), graph_facts(store, user))
     facts = after[2]
     assert facts["episodes"] == 2 and facts["mentions"] == facts["pairs"] == facts["counters"]
-    # Exactly what saving the other episode and then the new extraction gives a user who never had the old one.
+    # Exactly what a user gets who saved the new extraction, then the other (later) episode: the other's
+    # descriptions stay the latest, and the episode lists keep the order the episodes were stored in.
     control = new_user("control")
     new = first["extracted"]
-    store.save_episode(other.model_copy(update={"id": f"{control}-b", "user_id": control}), *other_write)
     store.save_episode(
-        EpisodeRecord.model_validate(new["record"]).model_copy(update={"id": f"{control}-a", "user_id": control}),
+        EpisodeRecord.model_validate(new["record"]).model_copy(
+            update={"id": f"{control}-a", "user_id": control, "created_at": old.created_at}
+        ),
         [Entity.model_validate(e) for e in new["entities"]],
         [Relationship.model_validate(r) for r in new["relationships"]],
     )
+    store.save_episode(other.model_copy(update={"id": f"{control}-b", "user_id": control}), *other_write)
     assert after[0] == entity_rows(store, control) and "Porto" in after[0]
-    assert _without_ids(after[1]) == _without_ids(relation_rows(store, control))
+    assert after[0]["Ada Lovelace"]["description"] == "about Ada Lovelace"  # the later episode's
+    ours = {old.id: "a", other.id: "b"}
+    theirs = {f"{control}-a": "a", f"{control}-b": "b"}
+    assert labelled(after[1], ours) == labelled(relation_rows(store, control), theirs)
     assert all(r["description"] != "old words" for r in after[1].values())
     episode = next(r for r in store.episodes_to_reextract(user) if r["id"] == old.id)
     assert episode["extraction"] == "offline" and episode["content"] == old.content
@@ -92,23 +99,30 @@ def test_a_replacement_takes_back_exactly_the_old_extraction_and_a_redelivery_ch
 
     second = again(store, settings, user, "job-2", old.id)  # the same model again: the same memory
     assert second["outcome"]["created"] is True
-    assert entity_rows(store, user) == after[0] and graph_facts(store, user) == after[2]
-    assert {k: (v["weight"], v["support"]) for k, v in relation_rows(store, user).items()} == {
-        k: (v["weight"], v["support"]) for k, v in after[1].items()
-    }
+    assert (entity_rows(store, user), relation_rows(store, user), graph_facts(store, user)) == after
+    replayed = persist_stage(first["extracted"], save=store.save_episode, replace=store.replace_extraction)
+    assert replayed["created"] is False  # an earlier run's replay never undoes a later one
 
 
-def test_a_forgotten_episode_is_not_extracted_again(
-    settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser
+def test_a_forgotten_episode_is_not_extracted_again_nor_written_back(
+    standin: StandIn,
+    llm_settings: Settings,
+    settings: Settings,
+    store: Neo4jGraphStore,
+    client: MemoryClient,
+    new_user: NewUser,
 ) -> None:
     user = new_user("reextract-gone")
     old = stored(user, f"{user}-a", "user: Ada met Bo.")
     store.save_episode(old, entities("Ada"), [])
     row = next(iter(store.episodes_to_reextract(user)))
     payload = {**episode_payload(episode_of(row)), "reextract": "job"}
+    extracted = reextract_stage(payload, settings=settings, store=store, llm=None)  # offline: before the forget
     client.forget_episode(user, old.id)
-    assert reextract_stage(payload, settings=settings, store=store, llm=None)["status"] == "forgotten"
-    assert graph_facts(store, user)["episodes"] == 0
+    assert reextract_stage(payload, settings=llm_settings, store=store, llm=None)["status"] == "forgotten"
+    assert standin.calls == 0  # no model call for it
+    persisted = persist_stage(extracted, save=store.save_episode, replace=store.replace_extraction)
+    assert persisted["status"] == "forgotten" and graph_facts(store, user)["episodes"] == 0
 
 
 def test_stored_content_gives_back_the_messages() -> None:
@@ -118,6 +132,7 @@ def test_stored_content_gives_back_the_messages() -> None:
         ("assistant", "Nice: sunny"),
         ("user", "yes"),
     ]
+    assert [(m.role, m.content) for m in messages_of("Dear diary: today")] == [("user", "Dear diary: today")]
 
 
 def test_memctl_reextract_only_degraded_with_the_model_through_workers(

@@ -18,7 +18,6 @@ from typing import Any
 from neo4j import ManagedTransaction
 
 from worker.errors import StoreRequestError
-from worker.graph import cypher
 from worker.graph.errors import translated
 from worker.graph.forget import (
     DELETE_RELATIONSHIPS,
@@ -44,7 +43,61 @@ ORDER BY e.id LIMIT $page
 SELECT_USER = _SELECT.format(where="e.user_id = $user_id AND")
 SELECT_ALL = _SELECT.format(where="")
 
-STORED = "MATCH (e:Episode {id: $id}) RETURN e.user_id AS user_id, e.reextracted_by AS job"
+STORED = """
+MATCH (e:Episode {id: $id})
+RETURN e.user_id AS user_id, e.reextracted_by AS job, coalesce(e.reextract_accepted_at, 0.0) AS accepted_at
+"""
+
+# What the new extraction adds, as saving does, except what depends on when: an entity created now was first
+# and last seen when its episode was stored; descriptions are chosen again by time below.
+REPLACE_ENTITIES = """
+UNWIND $rows AS row
+MATCH (e:Episode {id: row.episode_id})
+MERGE (n:Entity {uid: row.uid})
+ON CREATE SET n.user_id = row.user_id, n.user_tag = row.user_tag, n.key = row.key, n.name = row.name,
+              n.type = row.type, n.description = '', n.first_seen = e.created_at, n.last_seen = e.created_at,
+              n.mentions = 0
+SET n.mentions = n.mentions + 1,
+    n.type = CASE WHEN n.type = 'other' THEN row.type ELSE n.type END
+MERGE (e)-[m:MENTIONS]->(n)
+SET m.description = row.description
+RETURN row.episode_id AS id, count(n) AS n
+"""
+
+# The relationship's episode list stays in the order its episodes were stored (the re-extracted one goes back
+# to its place, not to the end).
+REPLACE_RELATIONSHIPS = """
+UNWIND $rows AS row
+MATCH (a:Entity {uid: row.source_uid})
+MATCH (b:Entity {uid: row.target_uid})
+MERGE (a)-[r:RELATED_TO]->(b)
+ON CREATE SET r.user_id = row.user_id, r.weight = 0.0, r.episodes = [], r.description = ''
+SET r.support = coalesce(r.support, size(r.episodes)) + 1, r.weight = r.weight + row.weight
+WITH r, row
+CALL (r, row) {
+  UNWIND r.episodes + row.episode_id AS id
+  OPTIONAL MATCH (o:Episode {id: id})
+  WITH id, o ORDER BY o.created_at, id
+  RETURN collect(id)[-50..] AS ordered
+}
+SET r.episodes = ordered
+RETURN row.episode_id AS id, count(r) AS n, collect(elementId(r)) AS rids
+"""
+
+# An entity's description: the latest episode (by when it was stored) that gave one, as forgetting chooses.
+REDESCRIBE_ENTITIES = """
+UNWIND $uids AS uid
+MATCH (n:Entity {uid: uid})
+OPTIONAL CALL (n) {
+  MATCH (o:Episode)-[m:MENTIONS]->(n) WHERE coalesce(m.description, '') <> ''
+  RETURN m.description AS description
+  ORDER BY o.created_at DESC, o.id DESC
+  LIMIT 1
+}
+SET n.description = coalesce(description, '')
+"""
+
+MENTIONED = "UNWIND $ids AS id MATCH (:Episode {id: id})-[:MENTIONS]->(n) RETURN collect(n.uid) AS uids"
 
 # What an extraction sets on its episode; the rest of the episode (content, times, ids) stays.
 _REPLACED = (
@@ -67,7 +120,7 @@ _REPLACED = (
 
 SET_EXTRACTION = """
 MATCH (e:Episode {id: $id})
-SET e += $fields, e.reextracted_by = $job, e.reextracted_at = $now
+SET e += $fields, e.reextracted_by = $job, e.reextracted_at = $now, e.reextract_accepted_at = $accepted_at
 """
 
 
@@ -83,22 +136,28 @@ def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, n
         return SaveResult(episode_id=record.id, created=False, outcome="forgotten")
     if stored["user_id"] != record.user_id:
         raise StoreRequestError(f"episode {record.id} belongs to another user", cause="ForeignEpisode")
-    if stored["job"] == job:
-        return SaveResult(episode_id=record.id, created=False, outcome="exists")
+    if stored["job"] == job or (record.accepted_at or 0.0) < float(stored["accepted_at"]):
+        return SaveResult(episode_id=record.id, created=False, outcome="exists")  # this run, or a later one, is in
     ids, user_id = [record.id], record.user_id
     rel_rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id))
     gone = [r["rid"] for r in rel_rows if r["gone"]]
     kept = [r["rid"] for r in rel_rows if not r["gone"]]
     if gone:
         tx.run(DELETE_RELATIONSHIPS, rids=gone).consume()
+    taken = tx.run(MENTIONED, ids=ids).single(strict=True)
     tx.run(TAKE_BACK_MENTIONS, ids=ids, user_id=user_id).consume()
-    if kept:
-        tx.run(REDESCRIBE_RELATIONSHIPS, rids=kept).consume()
     params = build_save_params([write])
     fields = {k: params.episodes[0][k] for k in _REPLACED}
-    tx.run(SET_EXTRACTION, id=record.id, fields=fields, job=job, now=now).consume()
-    n_entities = counted(tx, cypher.SAVE_ENTITIES, params.entities, now).get(record.id, 0)
-    n_relationships = counted(tx, cypher.SAVE_RELATIONSHIPS, params.relationships, now).get(record.id, 0)
+    tx.run(SET_EXTRACTION, id=record.id, fields=fields, job=job, now=now, accepted_at=record.accepted_at).consume()
+    n_entities = counted(tx, REPLACE_ENTITIES, params.entities, now).get(record.id, 0)
+    added = list(tx.run(REPLACE_RELATIONSHIPS, rows=params.relationships)) if params.relationships else []
+    n_relationships = sum(int(r["n"]) for r in added)
+    touched = sorted(set(kept) | {rid for r in added for rid in r["rids"]})
+    if touched:
+        tx.run(REDESCRIBE_RELATIONSHIPS, rids=touched).consume()
+    uids = sorted({row["uid"] for row in params.entities} | set(taken["uids"]))
+    if uids:
+        tx.run(REDESCRIBE_ENTITIES, uids=uids).consume()
     return SaveResult(
         episode_id=record.id, created=True, entities=n_entities, relationships=n_relationships, outcome="created"
     )
