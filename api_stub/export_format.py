@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
+import struct
 from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from worker.graph.params import spans_from_windows, windows
 from worker.models import Entity, ExtractionDetails, Identifier, Name, Relationship
 
 VERSION = 1
@@ -79,6 +82,8 @@ class EpisodeLine(ExtractionDetails):
                 raise ValueError("a window vector is not base64") from None
             if not raw or len(raw) % 2:
                 raise ValueError("a window vector is not packed float16 values")
+            if not all(math.isfinite(x) for x in struct.unpack(f"<{len(raw) // 2}e", raw)):
+                raise ValueError("a window vector holds a value that is not finite")
         return vectors
 
     @model_validator(mode="after")
@@ -88,6 +93,8 @@ class EpisodeLine(ExtractionDetails):
             raise ValueError("a window lies outside the content")
         if self.window_vectors and len(self.window_vectors) != len(self.search_windows):
             raise ValueError("one window vector a window is expected")
+        if self.search_windows and windows(spans_from_windows(self.search_windows), length) != self.search_windows:
+            raise ValueError("the windows are not those of whole messages")
         return self
 
 

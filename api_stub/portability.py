@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from api_stub.export_format import (
     BY_KIND,
@@ -43,7 +43,7 @@ from worker.errors import QueryRejected, StoreRequestError, StoreUnavailable
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.graph.params import EpisodeWrite, spans_from_content, spans_from_windows
 from worker.identity import entity_key, entity_uid
-from worker.models import EpisodeRecord
+from worker.models import EpisodeRecord, Identifier
 from worker.sessions import progress_key
 
 EPISODE_BATCH = 100
@@ -105,7 +105,7 @@ def validate_file(path: Path, as_user: str | None = None) -> tuple[HeaderLine, i
     """The header and the number of lines, or ImportRejected naming the first bad line."""
     header: HeaderLine | None = None
     seen: Counter[str] = Counter()
-    order, last, total, ended = 0, 0, 0, False
+    order, last, total, ended, dimension = 0, 0, 0, False, 0
     for number, obj in _lines(path):
         total, last = total + 1, number
         kind, line = _parsed(number, obj)
@@ -122,6 +122,10 @@ def validate_file(path: Path, as_user: str | None = None) -> tuple[HeaderLine, i
             header = line
         elif isinstance(line, EpisodeLine):
             assert header is not None
+            sizes = {len(v) for v in line.window_vectors} | ({dimension} if dimension else set())
+            if len(sizes) > 1:
+                raise ImportRejected(number, "episode: window vectors of different dimensions")
+            dimension = next(iter(sizes), 0)
             try:
                 _record(line, as_user or header.user_id, 0.0, store_content=True, keep_vectors=True)
             except ValidationError as exc:
@@ -247,7 +251,7 @@ def _refuse_foreign_ids(store: Neo4jGraphStore, path: Path, user_id: str) -> Non
 
     for _number, obj in _lines(path):
         if isinstance(obj, dict) and obj.get("kind") == "episode":
-            batch.append(str(obj.get("id")))
+            batch.append(TypeAdapter(Identifier).validate_python(obj.get("id")))  # as saved: stripped
             if len(batch) >= 500:
                 check()
     check()

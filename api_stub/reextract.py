@@ -78,8 +78,10 @@ def chosen(
 def messages_of(content: str) -> list[Message]:
     """The messages of a stored episode's content (`role: text` lines; a line that starts like a role inside
     a message splits it, as for `memctl reindex`). Content of no such lines is one message of the user."""
-    messages = []
-    for start, end in spans_from_content(content):
+    spans = spans_from_content(content)
+    head = content[: spans[0][0]] if spans else ""
+    messages = [Message(role="user", content=head.rstrip("\n"))] if head.strip() else []  # text before any role
+    for start, end in spans:
         role, _, text = content[start:end].partition(": ")
         if role not in ROLES:  # not `role: text` lines (an imported text): the whole text as the user's
             return [Message(role="user", content=content)] if content.strip() else []

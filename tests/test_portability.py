@@ -159,6 +159,9 @@ def damaged(lines: list[dict[str, Any]], how: str) -> tuple[list[dict[str, Any]]
     if how == "vector":
         lines[episode]["window_vectors"] = ["not base64!"] * len(lines[episode]["search_windows"])
         return lines, episode + 1, "not base64"
+    if how == "windows":
+        lines[episode]["search_windows"], lines[episode]["window_vectors"] = [[0, 5], [3, 10]], []
+        return lines, episode + 1, "not those of whole messages"
     if how == "naive":
         lines[episode]["created_at"] = "2026-03-01T10:00:00"
         return lines, episode + 1, "timezone"
@@ -170,7 +173,7 @@ def damaged(lines: list[dict[str, Any]], how: str) -> tuple[list[dict[str, Any]]
     raise AssertionError(how)
 
 
-@pytest.mark.parametrize("how", ["field", "kind", "order", "version", "vector", "naive", "cut", "counts"])
+@pytest.mark.parametrize("how", ["field", "kind", "order", "version", "vector", "windows", "naive", "cut", "counts"])
 def test_a_bad_line_is_named_and_nothing_of_the_file_is_written(
     how: str, settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser, tmp_path: Path
 ) -> None:

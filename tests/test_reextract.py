@@ -133,6 +133,29 @@ def test_stored_content_gives_back_the_messages() -> None:
         ("user", "yes"),
     ]
     assert [(m.role, m.content) for m in messages_of("Dear diary: today")] == [("user", "Dear diary: today")]
+    assert [(m.role, m.content) for m in messages_of("Notes first\nuser: then this")] == [
+        ("user", "Notes first"),
+        ("user", "then this"),
+    ]
+
+
+def test_a_degraded_answer_never_replaces_a_real_extraction(
+    standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    user = new_user("reextract-degraded")
+    old = stored(user, f"{user}-a", "user: Ada met Bo in Porto.", extraction="llm")
+    store.save_episode(old, entities("Ada", "Bo"), [relation("Ada", "Bo", 1.0, "met")])
+    before = (entity_rows(store, user), relation_rows(store, user), graph_facts(store, user))
+    standin.default = lambda _request: Reply(content="not JSON at all")  # the answer and its re-ask
+    row = next(iter(store.episodes_to_reextract(user)))
+    payload = {**episode_payload(episode_of(row)), "reextract": "job"}
+    extracted = reextract_stage(payload, settings=llm_settings, store=store, llm=None)
+    assert extracted["record"]["extraction"] == "degraded" and standin.calls == 2
+    outcome = persist_stage(extracted, save=store.save_episode, replace=store.replace_extraction)
+    assert outcome["created"] is False
+    assert (entity_rows(store, user), relation_rows(store, user), graph_facts(store, user)) == before
+    kept = next(iter(store.episodes_to_reextract(user)))
+    assert kept["extraction"] == "llm"
 
 
 def test_memctl_reextract_only_degraded_with_the_model_through_workers(

@@ -65,6 +65,7 @@ def spans_from_windows(exported: Sequence[tuple[int, int]]) -> tuple[tuple[int, 
     """Message spans whose windows are exactly these (an import restores an episode's windows as exported).
     A window is (start of the previous message, end of the next), so message i starts where window i + 1
     does and ends where window i - 1 does; the first message's end and the last one's start are never read."""
+    assert WINDOW_NEIGHBOURS == 1, "spans_from_windows reads windows of one neighbour a side"
     n = len(exported)
     if n <= 1:
         return tuple(exported)

@@ -45,7 +45,8 @@ SELECT_ALL = _SELECT.format(where="")
 
 STORED = """
 MATCH (e:Episode {id: $id})
-RETURN e.user_id AS user_id, e.reextracted_by AS job, coalesce(e.reextract_accepted_at, 0.0) AS accepted_at
+RETURN e.user_id AS user_id, e.reextracted_by AS job, coalesce(e.reextract_accepted_at, 0.0) AS accepted_at,
+       e.extraction AS extraction
 """
 
 # What the new extraction adds, as saving does, except what depends on when: an entity created now was first
@@ -58,7 +59,9 @@ ON CREATE SET n.user_id = row.user_id, n.user_tag = row.user_tag, n.key = row.ke
               n.type = row.type, n.description = '', n.first_seen = e.created_at, n.last_seen = e.created_at,
               n.mentions = 0
 SET n.mentions = n.mentions + 1,
-    n.type = CASE WHEN n.type = 'other' THEN row.type ELSE n.type END
+    n.type = CASE WHEN n.type = 'other' THEN row.type ELSE n.type END,
+    n.first_seen = CASE WHEN e.created_at < n.first_seen THEN e.created_at ELSE n.first_seen END,
+    n.last_seen = CASE WHEN e.created_at > n.last_seen THEN e.created_at ELSE n.last_seen END
 MERGE (e)-[m:MENTIONS]->(n)
 SET m.description = row.description
 RETURN row.episode_id AS id, count(n) AS n
@@ -77,6 +80,7 @@ WITH r, row
 CALL (r, row) {
   UNWIND r.episodes + row.episode_id AS id
   OPTIONAL MATCH (o:Episode {id: id})
+  WITH id, o WHERE o IS NOT NULL OR id = row.episode_id  // ids of episodes gone since: dropped
   WITH id, o ORDER BY o.created_at, id
   RETURN collect(id)[-50..] AS ordered
 }
@@ -111,6 +115,8 @@ _REPLACED = (
     "cost_usd",
     "dropped_entities",
     "dropped_relationships",
+    "windows",
+    "message_count",
     "rel_sources",
     "rel_targets",
     "rel_weights",
@@ -120,12 +126,14 @@ _REPLACED = (
 
 SET_EXTRACTION = """
 MATCH (e:Episode {id: $id})
-SET e += $fields, e.reextracted_by = $job, e.reextracted_at = $now, e.reextract_accepted_at = $accepted_at
+SET e += $fields, e.reextracted_by = $job, e.reextracted_at = $now,
+    e.reextract_accepted_at = coalesce($accepted_at, e.reextract_accepted_at)
 """
 
 
 def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, now: datetime) -> SaveResult:
-    """outcome: created (replaced now), exists (this job already replaced it), forgotten (the episode is gone,
+    """outcome: created (replaced now), exists (this job or a later one already replaced it, or the new
+    extraction is degraded where the stored one is not: that one is kept), forgotten (the episode is gone,
     or its user erased or it forgotten after the re-extraction was asked for), erasing (try again later)."""
     record = write[0]
     refused = check_writes(tx, [write], {})
@@ -138,6 +146,8 @@ def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, n
         raise StoreRequestError(f"episode {record.id} belongs to another user", cause="ForeignEpisode")
     if stored["job"] == job or (record.accepted_at or 0.0) < float(stored["accepted_at"]):
         return SaveResult(episode_id=record.id, created=False, outcome="exists")  # this run, or a later one, is in
+    if record.extraction == "degraded" and stored["extraction"] != "degraded":
+        return SaveResult(episode_id=record.id, created=False, outcome="exists")  # never trade memory for nothing
     ids, user_id = [record.id], record.user_id
     rel_rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id))
     gone = [r["rid"] for r in rel_rows if r["gone"]]

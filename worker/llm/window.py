@@ -4,8 +4,9 @@ The model's input window comes from MEMORY_LLM_CONTEXT_TOKENS, else from litellm
 of the primary and fallback models it knows). A model litellm does not know, with no setting, is sent the
 whole conversation as before (a provider refusal is then a permanent failure: set the setting).
 
-A window's budget is that window less the answer's room (MEMORY_LLM_MAX_TOKENS), the prompt's own text
-(system text with the schema, headers) and a margin. Messages are counted once each with litellm's token
+A window's budget is that window less the answer's room (MEMORY_LLM_MAX_TOKENS, twice: a malformed answer is
+asked again with it and a correction), the prompt's own text (system text with the schema, headers) and a
+margin. Messages are counted once each with litellm's token
 counter for the model; a conversation that fits is one window (no count at all when its UTF-8 bytes already
 fit: a token is at least one byte). Otherwise messages go into windows in order, and each window after the
 first is given the last OVERLAP messages before it as earlier context (understood, not extracted again; at
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 OVERLAP = 2  # messages of context a window after the first is given
 MARGIN = 0.05  # of the budget, for counting the messages one by one rather than as one text
 PER_MESSAGE = 4  # tokens of chat format around each message
+REASK = 200  # tokens of the correction a re-ask adds (worker/extraction.py _reask_text)
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,8 @@ def plan_windows(
         return whole
     count = count or token_counter(settings)
     overhead = _overhead(template, settings.llm_model, count)
-    budget = int((window - settings.llm_max_tokens - overhead) * (1 - MARGIN))
+    # Room for the answer, and for a re-ask of a malformed one: the answer again plus the correction.
+    budget = int((window - 2 * settings.llm_max_tokens - REASK - overhead) * (1 - MARGIN))
     if budget < 64:
         raise ValueError(
             f"the model's window ({window} tokens) leaves no room for messages after the prompt ({overhead}) and "
@@ -143,7 +146,7 @@ def _tail(messages: list[Message], room: int, count: Callable[[str], int]) -> li
 def _fitted(message: Message, budget: int, count: Callable[[str], int]) -> list[Message]:
     """The message, or its parts cut at character boundaries, each of at most budget tokens."""
     size = count(_text(message))
-    if size <= budget:
+    if size <= budget or len(message.content) <= 1:
         return [message]
     pieces = -(-size // budget) + 1  # a piece of chars / pieces characters is about size / pieces tokens
     step = -(-len(message.content) // pieces)
