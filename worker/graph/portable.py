@@ -37,16 +37,16 @@ CALL () { MATCH (p:SessionProgress {user_id: $user_id}) RETURN count(p) AS sessi
 RETURN episodes, entities, relationships, sessions
 """
 
-# Episodes in the order they were stored (created_at, then id), so an import saves them in that order. What
+# Episodes in the order they were stored (created_at, then id: the (user_id, created_at) index gives that
+# order, so a page reads only its own rows), so an import saves them in that order. What
 # each episode added: its mentions (entity, and the description this episode gave), the relationships
 # it recorded when saved (rel_* lists; an episode saved before those existed gets an equal share of each
 # relationship that lists it), and its search windows' embeddings in order.
 EPISODES_PAGE = """
-MATCH (e:Episode {user_id: $user_id})
-WITH e, coalesce(e.created_at, datetime({epochMillis: 0})) AS at
-WHERE at > $after_at OR (at = $after_at AND e.id > $after)
-WITH e, at ORDER BY at, e.id LIMIT $page
-RETURN e.id AS id, at, e {.*, terms: null, user_tag: null, save_token: null} AS episode,
+MATCH (e:Episode)
+WHERE e.user_id = $user_id AND e.created_at >= $after_at AND (e.created_at > $after_at OR e.id > $after)
+WITH e ORDER BY e.created_at, e.id LIMIT $page
+RETURN e.id AS id, e.created_at AS at, e {.*, terms: null, user_tag: null, save_token: null} AS episode,
        COLLECT { MATCH (e)-[m:MENTIONS]->(n:Entity) RETURN [n.uid, n.name, n.type, m.description] ORDER BY n.uid }
          AS mentions,
        CASE WHEN e.rel_sources IS NULL THEN COLLECT {
