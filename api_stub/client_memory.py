@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from worker.settings import Settings
 
 audit = logging.getLogger("memory.audit")
+_BULK_LOCK = threading.Lock()
 
 
 class MemoryTransfer:
@@ -25,11 +27,12 @@ class MemoryTransfer:
     _bulk: Neo4jGraphStore | None = None
 
     def _bulk_store(self) -> Neo4jGraphStore:
-        if self._bulk is None:
-            from worker.graph.neo4j_store import Neo4jGraphStore
+        with _BULK_LOCK:  # one store for the client, however many threads ask at once
+            if self._bulk is None:
+                from worker.graph.neo4j_store import Neo4jGraphStore
 
-            self._bulk = Neo4jGraphStore.from_settings(self._settings)
-        return self._bulk
+                self._bulk = Neo4jGraphStore.from_settings(self._settings)
+            return self._bulk
 
     def _close_bulk(self) -> None:
         if self._bulk is not None:

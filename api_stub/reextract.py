@@ -9,8 +9,9 @@ sweep), and retried and dead-lettered like one. An episode stored without conten
 cannot be extracted again: it is counted and left; when every chosen episode is such, the run is refused.
 
 Choices: `--extraction-older-than extraction@vN` chooses episodes whose prompt version number is lower than
-N, or that recorded none; the dry run counts prompt tokens with litellm's token counter on the very prompt
-each episode would be sent, estimates completion tokens from the episode's last LLM extraction (a quarter of
+N, or that recorded none; the dry run counts prompt tokens with litellm's token counter on the very prompts
+each episode would be sent (one per window when it is longer than the model's window, worker/llm/window.py),
+estimates completion tokens from the episode's last LLM extraction (a quarter of
 the prompt when it had none) and prices both with litellm's price map (unknown there: no cost given).
 """
 
@@ -27,6 +28,7 @@ from pydantic import BaseModel
 from worker.errors import QueryRejected, QueueFull
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.graph.params import spans_from_content
+from worker.llm.window import plan_windows
 from worker.models import Episode, Message, Role
 from worker.offline import MODEL_NAME as OFFLINE
 from worker.pipeline import episode_payload
@@ -113,7 +115,7 @@ def plan(settings: Settings, rows: Iterator[dict[str, Any]]) -> ReextractPlan:
         from worker.llm.client import litellm_module
 
         counter = litellm_module().token_counter
-    episodes = without = prompt_tokens = completion_tokens = 0
+    episodes = without = calls = prompt_tokens = completion_tokens = 0
     for row in rows:
         if not row["content"]:
             without += 1
@@ -121,14 +123,18 @@ def plan(settings: Settings, rows: Iterator[dict[str, Any]]) -> ReextractPlan:
         episodes += 1
         if counter is None:
             continue
-        messages = prompt.build_messages(template, messages_of(row["content"]), context=[], schema_in_prompt=True)
-        tokens = int(counter(model=settings.llm_model, messages=messages))
-        prompt_tokens += tokens
-        completion_tokens += int(row["completion_tokens"]) or round(tokens * COMPLETION_SHARE)
+        windows = plan_windows(messages_of(row["content"]), [], settings, template)  # one call each
+        asked = 0
+        for window in windows:
+            messages = prompt.build_messages(template, window.new, context=window.context, schema_in_prompt=True)
+            asked += int(counter(model=settings.llm_model, messages=messages))
+        calls, prompt_tokens = calls + len(windows), prompt_tokens + asked
+        # what its last LLM extraction answered, else a share of what it is asked
+        completion_tokens += int(row["completion_tokens"]) or round(asked * COMPLETION_SHARE)
     return ReextractPlan(
         episodes=episodes,
         without_content=without,
-        llm_calls=0 if offline else episodes,
+        llm_calls=calls,
         prompt_tokens=prompt_tokens,
         completion_tokens_estimated=completion_tokens,
         estimated_cost_usd=0.0 if offline else _cost(settings.llm_model, prompt_tokens, completion_tokens),

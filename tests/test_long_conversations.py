@@ -11,15 +11,17 @@ from typing import Any
 import pytest
 
 from api_stub.client import MemoryClient
+from tests.factories import record
 from tests.llm_standin import Reply, StandIn, answer, request_tokens
 from tests.test_forget_part import entity_rows
 from tests.workers import WorkerProcess
 from worker.deadletter import DeadLetterStore
 from worker.errors import LLMError
-from worker.extraction import extract, extraction_prompt
+from worker.extraction import Extraction, extract, extraction_prompt, merged
 from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.llm.client import LLMUsage
 from worker.llm.window import plan_windows
-from worker.models import Message
+from worker.models import ExtractionKind, ExtractionResult, Message, Relationship
 from worker.settings import Settings
 
 NAMES = ["Adaline", "Bartholomew", "Cordelia", "Desmond", "Evangeline", "Fitzgerald"]
@@ -116,3 +118,34 @@ def test_windows_fit_carry_overlap_as_context_and_cut_a_message_longer_than_one(
     cut = plan_windows([huge], [], windowed, template, count=chars)
     assert len(cut) > 1 and "".join(m.content for w in cut for m in w.new) == huge.content
     assert all(sum(chars(f"{m.role}: {m.content}") for m in w.new) < 3_000 for w in cut)
+
+
+def part(relationships: list[tuple[str, str, float]], kind: ExtractionKind = "llm") -> Extraction:
+    result = ExtractionResult(
+        summary="s",
+        relationships=[Relationship(source=a, target=b, weight=w, description="") for a, b, w in relationships],
+    )
+    return Extraction(result, kind, "m", "v", LLMUsage(calls=1, prompt_tokens=10))
+
+
+def test_windows_merge_a_repeat_within_one_answer_by_sum_and_across_windows_by_the_strongest() -> None:
+    joined = merged([part([("Ada", "Bo", 0.5), ("ada", "BO", 0.25)]), part([("Ada", "Bo", 0.5)], "degraded")])
+    assert [(r.source, r.target, r.weight) for r in joined.result.relationships] == [("Ada", "Bo", 0.75)]
+    assert (joined.windows, joined.usage.calls, joined.kind) == (2, 2, "degraded")
+
+
+def test_the_dry_run_counts_one_call_a_window(
+    settings: Settings, store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("long-plan")
+    content = "\n".join(f"{m['role']}: {m['content']}" for m in conversation())
+    store.save_episode(record(user, content), [], [])
+    windowed = settings.model_copy(
+        update={"llm_model": "openai/stand-in", "llm_context_tokens": WINDOW, "llm_max_tokens": 64}
+    )
+    client = MemoryClient(windowed)
+    try:
+        plan = client.reextract_plan(user)
+    finally:
+        client.close()
+    assert plan.episodes == 1 and plan.llm_calls >= 3 and plan.prompt_tokens > 3_000

@@ -97,9 +97,16 @@ def _extract_window(
     return Extraction(degraded, "degraded", reply.model, template.version, usage)
 
 
+def _joined(known: Relationship, new: Relationship, weight: float) -> Relationship:
+    return known.model_copy(
+        update={"weight": min(weight, 1_000_000.0), "description": new.description or known.description}
+    )
+
+
 def merged(parts: Sequence[Extraction]) -> Extraction:
     """One extraction of a conversation extracted in windows: entities merged on their key (first name and
-    type given, latest description), relationships on their ends (strongest weight, latest description),
+    type given, latest description), relationships on their ends (within a window their weights add up, as
+    saving adds them; across windows the strongest weight; latest description),
     the window summaries in order as one summary; degraded when any window was. Usage and drops add up."""
     entities: dict[str, Entity] = {}
     for part in parts:
@@ -117,17 +124,15 @@ def merged(parts: Sequence[Extraction]) -> Extraction:
             )
     relationships: dict[tuple[str, str], Relationship] = {}
     for part in parts:
+        within: dict[tuple[str, str], Relationship] = {}  # one answer's repeats add up, as saving does
         for rel in part.result.relationships:
             ends = (entity_key(rel.source), entity_key(rel.target))
+            seen = within.get(ends)
+            within[ends] = rel if seen is None else _joined(seen, rel, seen.weight + rel.weight)
+        for ends, rel in within.items():  # the same fact in two windows (their overlap): the strongest
             known_rel = relationships.get(ends)
-            if known_rel is None:
-                relationships[ends] = rel
-                continue
-            relationships[ends] = known_rel.model_copy(
-                update={
-                    "weight": max(known_rel.weight, rel.weight),
-                    "description": rel.description or known_rel.description,
-                }
+            relationships[ends] = (
+                rel if known_rel is None else _joined(known_rel, rel, max(known_rel.weight, rel.weight))
             )
     summary = " ".join(dict.fromkeys(p.result.summary.strip() for p in parts if p.result.summary.strip()))
     result = ExtractionResult(
