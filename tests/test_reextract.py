@@ -4,6 +4,7 @@ goes through the queue with real workers and the stand-in model."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -235,3 +236,24 @@ def test_reextract_refuses_when_no_chosen_episode_kept_its_content_and_a_bad_ver
         client.reextract_plan(user, older_than="latest")
     assert client.reextract_plan(user, older_than="extraction@v1").without_content == 1
     assert client.reextract_plan(user, older_than="extraction@v0").without_content == 0
+
+
+def test_memctl_reextract_all_dry_run_and_usage(store: Neo4jGraphStore, new_user: NewUser) -> None:
+    user = new_user("reextract-all")
+    store.save_episode(stored(user, f"{user}-a", "user: Ada met Bo."), entities("Ada"), [])
+    done = subprocess.run(
+        [sys.executable, "-m", "api_stub.cli", "reextract", "--all", "--only-degraded", "--dry-run"],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["episodes"] >= 1 and plan["llm_calls"] == 0 and plan["estimated_cost_usd"] == 0.0  # offline
+    assert {e["id"] for e in store.episodes_to_reextract(None) if e["user_id"] == user} == {f"{user}-a"}
+    for args in ([], ["--user", user, "--all"]):
+        usage = subprocess.run(
+            [sys.executable, "-m", "api_stub.cli", "reextract", *args], capture_output=True, text=True, timeout=60
+        )
+        assert usage.returncode == 2 and "give --user U or --all" in usage.stderr
