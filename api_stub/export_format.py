@@ -130,7 +130,6 @@ class EndLine(_Line):
     lines: Counts  # written, per kind (may differ from the header's counts: writes went on meanwhile)
 
 
-Line = HeaderLine | EpisodeLine | EntityLine | RelationshipLine | SessionLine | EndLine
 BY_KIND: dict[str, type[BaseModel]] = {
     "header": HeaderLine,
     "episode": EpisodeLine,

@@ -26,6 +26,7 @@ from worker.graph.errors import translated
 from worker.graph.parts import StorePart
 from worker.graph.values import native
 from worker.identity import user_tag
+from worker.sessions import erased_since
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -154,16 +155,14 @@ class Portability(StorePart):
         """kind: entity, relationship or session; rows built by api_stub/portability.py. Idempotent. Under
         the user's lock, as a persist: when the user was erased after the import was accepted (or is being
         erased), nothing is written and StoreRequestError (cause ErasedDuringImport) is raised."""
-        statement = {"entity": RESTORE_ENTITIES, "relationship": RESTORE_RELATIONSHIPS, "session": RESTORE_PROGRESS}[
-            kind
-        ]
+        statement = _RESTORES[kind]
         if not rows:
             return 0
         now = datetime.now(UTC)
 
         def work(tx: ManagedTransaction) -> int:
             mark = tx.run(cypher.LOCK_USERS, tags=[user_tag(user_id)], now=time.time()).single(strict=True)
-            if float(mark["erased_at"]) > accepted_at or float(mark["erasing_until"]) > time.time():
+            if erased_since(accepted_at, float(mark["erased_at"])) or float(mark["erasing_until"]) > time.time():
                 raise StoreRequestError("the user was erased while the import ran", cause="ErasedDuringImport")
             return int(tx.run(statement, rows=rows, user_id=user_id, now=now).single(strict=True)["n"])
 

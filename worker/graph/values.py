@@ -6,10 +6,9 @@ from typing import Any
 
 
 def native(value: Any) -> Any:
-    """neo4j.time values → datetime, inside maps and lists too; everything else unchanged."""
+    """neo4j.time values → datetime, inside maps too (no list read here holds a time: embeddings are not
+    walked float by float); everything else unchanged."""
     if isinstance(value, dict):
         return {k: native(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [native(v) for v in value]
     to_native = getattr(value, "to_native", None)
     return to_native() if callable(to_native) else value

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from worker.models import Message
 from worker.prompts import extraction as prompt
@@ -83,7 +83,7 @@ def plan_windows(
     whole = [Window(list(context), list(conversation))]
     if window is None:
         return whole
-    count = count or token_counter(settings)
+    count = cache(count or token_counter(settings))  # each message counted once, however often it is placed
     overhead = _overhead(template, settings.llm_model, count)
     # Room for the answer, and for a re-ask of a malformed one: the answer again plus the correction.
     budget = int((window - 2 * settings.llm_max_tokens - REASK - overhead) * (1 - MARGIN))
