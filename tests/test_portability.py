@@ -24,6 +24,7 @@ from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.llm.embeddings import pack
 from worker.models import Limits, MemoryContext, build_episode
 from worker.pipeline import episode_payload, extract_stage, persist_stage
+from worker.sessions import progress_key
 from worker.settings import Settings
 
 NewUser = Callable[[str], str]
@@ -295,3 +296,16 @@ def test_an_episode_saved_before_episodes_recorded_their_relationships_exports_a
         ).consume()
     line = next(line for line in export(client, user) if line.get("id") == old.id)
     assert line["relationships"] == [{"source": "Ada", "target": "Bo", "description": "knows", "weight": 2.0}]
+
+
+def test_a_session_forgotten_while_an_import_runs_does_not_get_its_progress_back(
+    store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser
+) -> None:
+    user = new_user("forgot-mid-import")
+    key = progress_key(user, "s")
+    rows = [{"key": key, "session_id": "s", "extracted": 2, "digest": "d", "hashes": ["a", "b"]}]
+    accepted = time.time()  # the import began
+    client.forget_session(user, "s")  # then the session was forgotten
+    assert store.restore("session", user, rows, accepted_at=accepted) == 0
+    assert store.write_state(user, key, "none").line is None  # a later send of it is extracted again
+    assert store.restore("session", user, rows, accepted_at=time.time()) == 1  # an import begun after: restored

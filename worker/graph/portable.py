@@ -23,6 +23,7 @@ from neo4j import ManagedTransaction
 from worker.errors import StoreRequestError
 from worker.graph import cypher
 from worker.graph.errors import translated
+from worker.graph.forget import session_tombstone
 from worker.graph.parts import StorePart
 from worker.graph.values import native
 from worker.identity import user_tag
@@ -103,8 +104,11 @@ SET r.description = row.description
 RETURN count(r) AS n
 """
 
+# A session forgotten after the import was accepted stays forgotten (its line would make a later send of it
+# count as extracted); read under the user's lock, which a forget takes too.
 RESTORE_PROGRESS = """
 UNWIND $rows AS row
+WITH row WHERE NOT EXISTS { MATCH (t:Forgotten {key: row.tombstone}) WHERE t.at >= $accepted_at }
 MERGE (p:SessionProgress {key: row.key})
 ON CREATE SET p.user_id = $user_id, p.session_id = row.session_id, p.extracted = 0, p.digest = ''
 WITH p, row WHERE p.user_id = $user_id AND row.extracted > p.extracted
@@ -154,17 +158,21 @@ class Portability(StorePart):
     def restore(self, kind: str, user_id: str, rows: list[dict[str, Any]], accepted_at: float) -> int:
         """kind: entity, relationship or session; rows built by api_stub/portability.py. Idempotent. Under
         the user's lock, as a persist: when the user was erased after the import was accepted (or is being
-        erased), nothing is written and StoreRequestError (cause ErasedDuringImport) is raised."""
+        erased), nothing is written and StoreRequestError (cause ErasedDuringImport) is raised; a session
+        forgotten since then keeps no progress line."""
         statement = _RESTORES[kind]
         if not rows:
             return 0
+        if kind == "session":
+            rows = [{**row, "tombstone": session_tombstone(row["key"])} for row in rows]
         now = datetime.now(UTC)
 
         def work(tx: ManagedTransaction) -> int:
             mark = tx.run(cypher.LOCK_USERS, tags=[user_tag(user_id)], now=time.time()).single(strict=True)
             if erased_since(accepted_at, float(mark["erased_at"])) or float(mark["erasing_until"]) > time.time():
                 raise StoreRequestError("the user was erased while the import ran", cause="ErasedDuringImport")
-            return int(tx.run(statement, rows=rows, user_id=user_id, now=now).single(strict=True)["n"])
+            result = tx.run(statement, rows=rows, user_id=user_id, now=now, accepted_at=accepted_at)
+            return int(result.single(strict=True)["n"])
 
         with translated("import"), self._session() as session:
             return self._write(session, work, bulk=True)
