@@ -9,6 +9,7 @@ import json
 import re
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -154,14 +155,16 @@ def _sweep(client: Any, redis: Any, settings: Settings, silent_for_s: float) -> 
 @click.option("--user", "user_id", required=True)
 @click.argument("query")
 @click.option("--limit", type=int, default=None)
+@click.option("--as-of", "as_of", default=None, help="Answer as of this time (ISO 8601; a date or no zone: UTC).")
 @click.option("--json", "as_json", is_flag=True)
-def recall(user_id: str, query: str, limit: int | None, as_json: bool) -> None:
+def recall(user_id: str, query: str, limit: int | None, as_of: str | None, as_json: bool) -> None:
     """What the memory returns for a user's query (the same call an agent engine makes)."""
     from api_stub.client import MemoryClient
 
+    when = _as_of(as_of)
     client = MemoryClient(_settings())
     try:
-        context = client.retrieve_memory(user_id, query, limit=limit)
+        context = client.retrieve_memory(user_id, query, limit=limit, as_of=when)
     except MemoryServiceError as exc:
         raise click.UsageError(str(exc)) from None
     finally:
@@ -178,8 +181,20 @@ def recall(user_id: str, query: str, limit: int | None, as_json: bool) -> None:
         if context.related_entities:
             click.echo("entities: " + ", ".join(f"{e.name} ({e.type})" for e in context.related_entities))
         for rel in context.related_relations:
-            click.echo(f"  {rel.source} -[{rel.description or 'related'} {rel.weight:g}]-> {rel.target}")
+            ended = "" if rel.current else f"  (ended {rel.invalid_from:%Y-%m-%d})" if rel.invalid_from else ""
+            since = f" since {rel.valid_from:%Y-%m-%d}" if rel.valid_from else ""
+            click.echo(f"  {rel.source} -[{rel.predicate} {rel.weight:g}]-> {rel.target}{since}{ended}")
     sys.exit(1 if context.degraded else 0)
+
+
+def _as_of(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an ISO 8601 date or time", param_hint="--as-of") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 @main.command()

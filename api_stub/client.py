@@ -235,14 +235,25 @@ class MemoryClient(MemoryTransfer):
         return self._recaller
 
     def retrieve_memory(
-        self, user_id: str, query: str, *, limit: int | None = None, budget_ms: int | None = None, strict: bool = False
+        self,
+        user_id: str,
+        query: str,
+        *,
+        limit: int | None = None,
+        budget_ms: int | None = None,
+        strict: bool = False,
+        as_of: datetime | None = None,
     ) -> MemoryContext:
-        """The user's most relevant memories for the query, in this process, within the budget.
+        """The user's most relevant memories for the query, in this process, within the budget. Relations
+        come current first, each with valid_from/invalid_from; as_of (timezone-aware) answers as of that time:
+        episodes that happened by then, facts true then current, facts not yet true left out.
 
         Store or cache outages give an empty context with degraded=True and the reason (strict: raise).
         Bad input raises QueryRejected naming the field.
         """
-        result: MemoryContext = self._recall().retrieve(user_id, query, limit=limit, budget_ms=budget_ms, strict=strict)
+        result: MemoryContext = self._recall().retrieve(
+            user_id, query, limit=limit, budget_ms=budget_ms, strict=strict, as_of=as_of
+        )
         return result
 
     def remembered(self, user_id: str, limit: int = 20) -> MemoryContext:

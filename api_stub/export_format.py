@@ -8,7 +8,8 @@
     session ...   one per session: how far its messages are extracted (the line a later send is checked on)
     end           how many lines of each kind were written: a file without it was cut short
 
-The kinds come in that order. Version 1; a reader refuses versions it does not know. Entity and relationship
+The kinds come in that order. Version 2 (version 1 lacks facts' predicates and times; still read); a reader
+refuses versions it does not know. Entity and relationship
 lines are what the episodes add up to: an import recomputes mentions, weight and support from the episodes
 and takes only the details from these lines.
 """
@@ -21,12 +22,23 @@ import math
 import struct
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
+from worker.facts_text import DEFAULT_PREDICATE, normalize_predicate
 from worker.graph.params import spans_from_windows, windows
-from worker.models import Entity, ExtractionDetails, Identifier, Name, Relationship
+from worker.models import Entity, ExtractionDetails, FactEnd, Identifier, Name, Relationship
 
-VERSION = 1
+VERSION = 2  # 2: relationships' predicates and times, episodes' ended facts
+READABLE = (1, 2)
 KINDS = ("header", "episode", "entity", "relationship", "session", "end")
 
 Text = Annotated[str, StringConstraints(max_length=2000)]
@@ -71,6 +83,8 @@ class EpisodeLine(ExtractionDetails):
     # in order: restored exactly, so each embedding stays with its window.
     search_windows: list[tuple[int, int]] = Field(default_factory=list)
     window_vectors: list[str] = Field(default_factory=list)
+    # Known facts its extraction ended (entity keys, predicate, when); an import ends them again.
+    ended_facts: list[FactEnd] = Field(default_factory=list, max_length=1_000)
 
     @field_validator("window_vectors")
     @classmethod
@@ -112,9 +126,15 @@ class RelationshipLine(_Line):
     kind: Literal["relationship"] = "relationship"
     source: Name
     target: Name
+    predicate: Annotated[str, AfterValidator(normalize_predicate)] = DEFAULT_PREDICATE  # version 1: the default
     description: Text
     weight: float
     support: int = Field(ge=0)
+    # A fact's times (worker/graph/facts.py); version 1 files have none.
+    valid_from: AwareDatetime | None = None
+    invalid_from: AwareDatetime | None = None
+    ended_by: Identifier | None = None
+    replaces: list[str] = Field(default_factory=list, max_length=1_000)
 
 
 class SessionLine(_Line):

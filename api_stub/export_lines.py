@@ -21,9 +21,10 @@ from api_stub.export_format import (
     RelationshipLine,
     SessionLine,
 )
+from worker.facts_text import DEFAULT_PREDICATE
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.llm.embeddings import pack
-from worker.models import Entity, Relationship
+from worker.models import Entity, FactEnd, Relationship
 
 
 def export_lines(store: Neo4jGraphStore, user_id: str, embedding_model: str | None = None) -> Iterator[str]:
@@ -65,9 +66,11 @@ def _episode_line(row: dict[str, Any]) -> EpisodeLine:
     entities = [Entity(name=name, type=type_ or "other", description=d or "") for _, name, type_, d in row["mentions"]]
     added: Iterable[tuple[Any, ...]]
     if episode.get("rel_sources") is not None:
+        sources = episode["rel_sources"]
         added = zip(
-            episode["rel_sources"],
+            sources,
             episode["rel_targets"],
+            episode.get("rel_predicates") or [DEFAULT_PREDICATE] * len(sources),  # saved before predicates
             episode["rel_weights"],
             episode["rel_descriptions"],
             strict=True,
@@ -75,14 +78,20 @@ def _episode_line(row: dict[str, Any]) -> EpisodeLine:
     else:  # saved before episodes recorded what they added: an equal share of what lists them
         added = (tuple(r) for r in row["legacy_relationships"] or [])
     relationships = [
-        Relationship(source=names[s], target=names[t], weight=float(w), description=d or "")
-        for s, t, w, d in added
+        Relationship(source=names[s], target=names[t], predicate=p, weight=float(w), description=d or "")
+        for s, t, p, w, d in added
         if s in names and t in names
     ]
+    ended = [FactEnd(source_key=a, predicate=p, target_key=b, at=at) for a, p, b, at in row["ended"]]
     windows = [(int(start), int(end)) for start, end in row["windows"]]
     vectors = row["vectors"]
     packed = [pack(v) for v in vectors] if len(vectors) == len(windows) and all(vectors) else []
     fields = {k: episode.get(k) for k in EpisodeLine.model_fields if k in episode and k != "kind"}
     return EpisodeLine(
-        **fields, entities=entities, relationships=relationships, search_windows=windows, window_vectors=packed
+        **fields,
+        entities=entities,
+        relationships=relationships,
+        search_windows=windows,
+        window_vectors=packed,
+        ended_facts=ended,
     )

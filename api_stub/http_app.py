@@ -69,6 +69,7 @@ class RecallIn(BaseModel):
     limit: int | None = Field(None, description="Episodes to return (1..100); default MEMORY_RECALL_LIMIT.")
     budget_ms: int | None = Field(None, ge=10, le=60_000, description="Time allowed; default MEMORY_RECALL_BUDGET_MS.")
     strict: bool = Field(False, description="Answer 503 instead of a degraded empty context when a store is down.")
+    as_of: datetime | None = Field(None, description="Answer as of this time (timezone-aware).")
 
 
 class Problem(BaseModel):
@@ -168,7 +169,7 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
     @app.post("/v1/recall", dependencies=guarded, responses=problems)
     def recall(body: RecallIn) -> MemoryContext:
         return memory.retrieve_memory(
-            body.user_id, body.query, limit=body.limit, budget_ms=body.budget_ms, strict=body.strict
+            body.user_id, body.query, limit=body.limit, budget_ms=body.budget_ms, strict=body.strict, as_of=body.as_of
         )
 
     # Ids may hold "/" (sent as %2F), and the server decodes the path before routing: which of the three

@@ -104,9 +104,11 @@ def build_server(client: MemoryClient, *, user_id: str | None, tokens: dict[str,
     def recall(
         query: Annotated[str, Field(description="What to look for in the user's memory.")],
         limit: Annotated[int, Field(ge=1, le=100)] = 10,
+        as_of: Annotated[datetime | None, Field(description="Answer as of this time (timezone-aware).")] = None,
     ) -> MemoryContext:
-        """What the user told you before that is relevant to the query: episodes, entities, relations."""
-        return call(lambda: client.retrieve_memory(user(), query, limit=limit))  # type: ignore[no-any-return]
+        """What the user told you before that is relevant to the query: episodes, entities, relations (current
+        facts first; ended ones marked, with when they ended)."""
+        return call(lambda: client.retrieve_memory(user(), query, limit=limit, as_of=as_of))  # type: ignore[no-any-return]
 
     @server.tool()
     def forget_episode(episode_id: str) -> ForgetPartReport:

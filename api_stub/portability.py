@@ -30,7 +30,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from api_stub.export_format import (
     BY_KIND,
     KINDS,
-    VERSION,
+    READABLE,
     Counts,
     EndLine,
     EntityLine,
@@ -117,8 +117,10 @@ def validate_file(path: Path, as_user: str | None = None) -> tuple[HeaderLine, i
             raise ImportRejected(number, f"a {kind} line after the {KINDS[order]} lines")
         order = KINDS.index(kind)
         if isinstance(line, HeaderLine):
-            if line.version != VERSION:
-                raise ImportRejected(number, f"format version {line.version}; this deployment reads {VERSION}")
+            if line.version not in READABLE:
+                raise ImportRejected(
+                    number, f"format version {line.version}; this deployment reads {', '.join(map(str, READABLE))}"
+                )
             header = line
         elif isinstance(line, EpisodeLine):
             assert header is not None
@@ -279,8 +281,9 @@ def _detail_row(line: BaseModel, user_id: str) -> dict[str, Any]:
         return {
             "source_uid": entity_uid(user_id, entity_key(line.source)),
             "target_uid": entity_uid(user_id, entity_key(line.target)),
-            "description": line.description,
-            "support": line.support,
+            **line.model_dump(
+                include={"predicate", "description", "support", "valid_from", "invalid_from", "ended_by", "replaces"}
+            ),
         }
     assert isinstance(line, SessionLine)
     key = progress_key(user_id, line.session_id)

@@ -116,16 +116,25 @@ class Recall:
         self.store.close()
 
     def retrieve(
-        self, user_id: str, query: str, *, limit: int | None = None, budget_ms: int | None = None, strict: bool = False
+        self,
+        user_id: str,
+        query: str,
+        *,
+        limit: int | None = None,
+        budget_ms: int | None = None,
+        strict: bool = False,
+        as_of: datetime | None = None,
     ) -> MemoryContext:
         user_id = check_user_id(user_id)
         query = check_query(query, self._settings)
         if limit is not None and not 1 <= limit <= 100:
             raise QueryRejected("must be between 1 and 100", "limit")
+        if as_of is not None and as_of.tzinfo is None:
+            raise QueryRejected("must be timezone-aware", "as_of")
         started = time.perf_counter()
         budget_s = (budget_ms if budget_ms is not None else self._settings.recall_budget_ms) / 1000
         try:
-            context = self._within_budget(user_id, query, limit, budget_s, strict, started)
+            context = self._within_budget(user_id, query, limit, budget_s, strict, started, as_of)
         except StoreError:  # strict only
             self.counters.add(degraded=True, dropped=0, latency_s=time.perf_counter() - started)
             raise
@@ -145,7 +154,14 @@ class Recall:
         return context
 
     def _within_budget(
-        self, user_id: str, query: str, limit: int | None, budget_s: float, strict: bool, started: float
+        self,
+        user_id: str,
+        query: str,
+        limit: int | None,
+        budget_s: float,
+        strict: bool,
+        started: float,
+        as_of: datetime | None,
     ) -> MemoryContext:
         """The work runs in a bounded pool and the caller waits at most the budget plus a margin, for a free
         slot and then for the answer: a stalled store or cache (a blocked socket, a pool waiting for a
@@ -157,7 +173,7 @@ class Recall:
         deadline = started + budget_s + DEADLINE_MARGIN_S
         # The search gets what is left of the budget when it starts: a wait for a slot is charged to it.
         search = lambda: self._search(  # noqa: E731
-            user_id, query, limit, max(0.01, deadline - DEADLINE_MARGIN_S - time.perf_counter()), strict, local
+            user_id, query, limit, max(0.01, deadline - DEADLINE_MARGIN_S - time.perf_counter()), strict, local, as_of
         )
         future = self._calls.submit(uuid.uuid4().hex, search, wait_s=max(0.0, deadline - time.perf_counter()))
         if future is None:  # every slot held for the whole budget (recalls stuck on a stalled store)
@@ -182,7 +198,14 @@ class Recall:
         return _degraded_context(user_id, reason, f"Recall{why.title()}")
 
     def _search(
-        self, user_id: str, query: str, limit: int | None, budget_s: float, strict: bool, local: list[str]
+        self,
+        user_id: str,
+        query: str,
+        limit: int | None,
+        budget_s: float,
+        strict: bool,
+        local: list[str],
+        as_of: datetime | None,
     ) -> MemoryContext:
         started = time.perf_counter()
         keyword_budget = max(1, int(min(self._settings.keywords_budget_ms, budget_s * 1000 / 2)))
@@ -204,6 +227,7 @@ class Recall:
                 timeout_s=remaining,
                 period=period,
                 vector=vector,
+                as_of=as_of,
             )
         except StoreError as exc:
             if strict:

@@ -43,7 +43,7 @@ def test_correct_answer(standin: StandIn, llm_settings: Settings) -> None:
     assert extraction.result.summary == GOOD["summary"]
     assert [e.name for e in extraction.result.entities] == ["Anna", "Lisbon", "Acme Corp"]
     assert extraction.result.relationships[0].weight == 0.9
-    assert extraction.prompt_version == "extraction@v1"
+    assert extraction.prompt_version == "extraction@v2"
     assert (extraction.usage.calls, extraction.usage.prompt_tokens, extraction.usage.completion_tokens) == (1, 120, 30)
     sent = standin.requests[0]
     assert sent["model"] == "stand-in"

@@ -93,7 +93,17 @@ def test_export_forget_import_gives_the_same_memory_and_recall_and_a_second_impo
         }
     )
     sailing = next(line for line in before if line["kind"] == "episode" and "sailing" in (line["content"] or ""))
-    assert sailing["relationships"] == [{"source": "Ada", "target": "Bo", "description": "sails with", "weight": 0.25}]
+    assert sailing["relationships"] == [
+        {
+            "source": "Ada",
+            "target": "Bo",
+            "predicate": "related_to",
+            "description": "sails with",
+            "weight": 0.25,
+            "valid_from": "",
+            "ends": [],
+        }
+    ]
     assert sailing["window_vectors"] == [pack([0.5, -0.25, 1.0])]
     quoted = next(line for line in before if line["kind"] == "episode" and line["session_id"] == "quoted")
     assert quoted["search_windows"] == [[0, 55], [0, 71], [47, 71]] and len(quoted["window_vectors"]) == 3
@@ -295,7 +305,9 @@ def test_an_episode_saved_before_episodes_recorded_their_relationships_exports_a
             id=old.id,
         ).consume()
     line = next(line for line in export(client, user) if line.get("id") == old.id)
-    assert line["relationships"] == [{"source": "Ada", "target": "Bo", "description": "knows", "weight": 2.0}]
+    assert [
+        {k: r[k] for k in ("source", "target", "predicate", "description", "weight")} for r in line["relationships"]
+    ] == [{"source": "Ada", "target": "Bo", "predicate": "related_to", "description": "knows", "weight": 2.0}]
 
 
 def test_a_session_forgotten_while_an_import_runs_does_not_get_its_progress_back(

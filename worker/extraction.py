@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from worker.identity import entity_key
+from worker.known_facts import KnownFact, known_facts_text
 from worker.llm.answer import Dropped, parse_answer, parse_extraction
 from worker.llm.client import LLMClient, LLMUsage
 from worker.llm.window import plan_windows
@@ -53,16 +54,19 @@ def extract(
     llm: LLMClient | None = None,
     context: Sequence[Message] = (),
     episode_id: str = "",
+    known: Sequence[KnownFact] = (),
 ) -> Extraction:
-    """LLM call failures raise LLMError (the task layer retries); a malformed answer never raises."""
+    """LLM call failures raise LLMError (the task layer retries); a malformed answer never raises. `known`:
+    facts offered to the model with their ids (the offline extractor ignores them: it never ends a fact)."""
     template = extraction_prompt(settings)
     if settings.llm_model == OFFLINE:
         result = parse_answer(extract_offline(conversation), prompt.ResponseModel)
         return Extraction(result, "offline", OFFLINE, template.version, LLMUsage())
 
     client = llm or LLMClient(settings)
-    windows = plan_windows(conversation, context, settings, template)
-    parts = [_extract_window(client, template, w.new, w.context, episode_id) for w in windows]
+    offered = known_facts_text(known)
+    windows = plan_windows(conversation, context, settings, template, known=offered)
+    parts = [_extract_window(client, template, w.new, w.context, episode_id, offered) for w in windows]
     return parts[0] if len(parts) == 1 else merged(parts)
 
 
@@ -72,11 +76,14 @@ def _extract_window(
     conversation: Sequence[Message],
     context: Sequence[Message],
     episode_id: str,
+    known: str,
 ) -> Extraction:
     """One LLM call (and one re-ask on a malformed answer) for messages that fit the model's window."""
 
     def messages_for(schema_in_prompt: bool) -> list[dict[str, str]]:
-        return prompt.build_messages(template, conversation, context=context, schema_in_prompt=schema_in_prompt)
+        return prompt.build_messages(
+            template, conversation, context=context, schema_in_prompt=schema_in_prompt, known=known
+        )
 
     reply = client.complete(messages_for, prompt.ResponseModel)
     usage = reply.usage
@@ -99,13 +106,18 @@ def _extract_window(
 
 def _joined(known: Relationship, new: Relationship, weight: float) -> Relationship:
     return known.model_copy(
-        update={"weight": min(weight, 1_000_000.0), "description": new.description or known.description}
+        update={
+            "weight": min(weight, 1_000_000.0),
+            "description": new.description or known.description,
+            "valid_from": known.valid_from or new.valid_from,
+            "ends": list(dict.fromkeys([*known.ends, *new.ends])),
+        }
     )
 
 
 def merged(parts: Sequence[Extraction]) -> Extraction:
     """One extraction of a conversation extracted in windows: entities merged on their key (first name and
-    type given, latest description), relationships on their ends (within a window their weights add up, as
+    type given, latest description), relationships on their ends and predicate (within a window their weights add up, as
     saving adds them; across windows the strongest weight; latest description),
     the window summaries in order as one summary; degraded when any window was. Usage and drops add up."""
     entities: dict[str, Entity] = {}
@@ -122,11 +134,11 @@ def merged(parts: Sequence[Extraction]) -> Extraction:
                     "description": entity.description or known.description,
                 }
             )
-    relationships: dict[tuple[str, str], Relationship] = {}
+    relationships: dict[tuple[str, str, str], Relationship] = {}
     for part in parts:
-        within: dict[tuple[str, str], Relationship] = {}  # one answer's repeats add up, as saving does
+        within: dict[tuple[str, str, str], Relationship] = {}  # one answer's repeats add up, as saving does
         for rel in part.result.relationships:
-            ends = (entity_key(rel.source), entity_key(rel.target))
+            ends = (entity_key(rel.source), rel.predicate, entity_key(rel.target))
             seen = within.get(ends)
             within[ends] = rel if seen is None else _joined(seen, rel, seen.weight + rel.weight)
         for ends, rel in within.items():  # the same fact in two windows (their overlap): the strongest
@@ -139,6 +151,7 @@ def merged(parts: Sequence[Extraction]) -> Extraction:
         summary=summary[:10_000],
         entities=list(entities.values())[:500],
         relationships=list(relationships.values())[:1000],
+        ends=list(dict.fromkeys(i for p in parts for i in p.result.ends))[:50],
     )
     usage = parts[0].usage
     for part in parts[1:]:

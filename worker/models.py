@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from worker.errors import EpisodeRejected
+from worker.facts_text import DEFAULT_PREDICATE, fact_date, normalize_predicate
 from worker.identity import derive_episode_id
 
 Role = Literal["user", "assistant", "system", "tool"]
@@ -127,10 +128,19 @@ class Entity(_Frozen):
 class Relationship(_Frozen):
     source: Name = Field(description="Name of the entity the relationship starts from.")
     target: Name = Field(description="Name of the entity the relationship points to.")
+    predicate: Annotated[str, StringConstraints(max_length=200)] = Field(
+        DEFAULT_PREDICATE, description="The relation in a few words, snake_case: lives_in, works_at, sister_of."
+    )
     description: Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)] = Field(
         "", description="How source relates to target, in a short phrase."
     )
     weight: float = Field(1.0, ge=0.0, le=1_000_000.0, description="Strength of the relationship (float).")
+    valid_from: Annotated[str, StringConstraints(max_length=40)] = Field(
+        "", description="When it became true (YYYY-MM-DD), if the conversation says; else empty."
+    )
+    ends: list[Annotated[str, StringConstraints(max_length=40)]] = Field(
+        default_factory=list, max_length=50, description="Ids of known facts this one replaces (they stop being true)."
+    )
 
     @field_validator("weight")
     @classmethod
@@ -139,6 +149,16 @@ class Relationship(_Frozen):
             raise ValueError("must be a finite number")
         return value
 
+    @field_validator("predicate")
+    @classmethod
+    def _predicate(cls, value: str) -> str:
+        return normalize_predicate(value)
+
+    @field_validator("valid_from")
+    @classmethod
+    def _date(cls, value: str) -> str:
+        return fact_date(value)
+
 
 class ExtractionResult(_Frozen):
     summary: Annotated[str, StringConstraints(strip_whitespace=True, max_length=10_000)] = Field(
@@ -146,6 +166,9 @@ class ExtractionResult(_Frozen):
     )
     entities: list[Entity] = Field(default_factory=list, max_length=500)
     relationships: list[Relationship] = Field(default_factory=list, max_length=1000)
+    ends: list[Annotated[str, StringConstraints(max_length=40)]] = Field(
+        default_factory=list, max_length=50, description="Ids of known facts the new messages say stopped being true."
+    )
 
 
 class ExtractionDetails(_Frozen):
@@ -165,6 +188,18 @@ class ExtractionDetails(_Frozen):
     # Windows of messages the conversation was extracted in: more than one when it did not fit the model's
     # context window (worker/llm/window.py); one LLM call each, re-asks aside.
     windows: int = Field(1, ge=1)
+
+
+class FactEnd(_Frozen):
+    """A known fact (a relationship offered to the model with an id) that an episode's extraction says stopped
+    being true: by entity keys and predicate, so it reads the same for any user id (an import elsewhere)."""
+
+    source_key: str
+    predicate: str
+    target_key: str
+    at: datetime | None = None  # when it stopped: the replacing fact's valid_from; None: the episode's time
+    # The fact that replaces it, by (source key, predicate, target key); empty: ended without a replacement.
+    replaced_by: tuple[str, ...] = ()
 
 
 class EpisodeRecord(ExtractionDetails):
@@ -189,6 +224,8 @@ class EpisodeRecord(ExtractionDetails):
     # When add_episode accepted it (epoch seconds, the caller's clock): work accepted before the user was
     # erased is dropped. None: unknown (a payload from before this field), never dropped.
     accepted_at: float | None = None
+    # Known facts this extraction ended (worker/known_facts.py); stored on the episode as end_* lists.
+    ended_facts: tuple[FactEnd, ...] = ()
 
 
 class SessionProgress(_Frozen):
@@ -252,8 +289,12 @@ class RelationHit(_Frozen):
     user_id: str
     source: str
     target: str
+    predicate: str = DEFAULT_PREDICATE
     description: str
     weight: float
+    valid_from: datetime | None = None  # None: stored before facts had times
+    invalid_from: datetime | None = None  # when it stopped being true; None: current
+    current: bool = True  # true (as of the recall's as_of, when given): current facts come first
 
 
 class MemoryContext(_Frozen):

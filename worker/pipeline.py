@@ -16,9 +16,11 @@ from worker.errors import SessionMovedError, StoreUnavailable
 from worker.extraction import Extraction, extract
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.graph.params import window_texts
+from worker.known_facts import KnownFact, ended_facts, known_facts
 from worker.llm.client import LLMClient
 from worker.llm.embeddings import Embedder, pack
 from worker.models import Entity, Episode, EpisodeRecord, Message, Relationship, SaveResult, SessionProgress
+from worker.offline import MODEL_NAME as OFFLINE
 from worker.sessions import (
     StoredLine,
     erased_since,
@@ -105,7 +107,8 @@ def extract_stage(
     todo = plan(episode, state.line, settings.extract_context_messages, state.erased_at)
     if todo is None:
         return {**base, "status": "unchanged"}
-    extraction = extract(todo.new, settings=settings, llm=llm, context=todo.context, episode_id=episode.id)
+    known = _known_facts(episode.user_id, todo.new, settings, store)
+    extraction = extract(todo.new, settings=settings, llm=llm, context=todo.context, episode_id=episode.id, known=known)
     content, spans = conversation_text(todo.new)
     vectors: tuple[str, ...] = ()
     if settings.embedding_model and settings.store_content:
@@ -116,6 +119,7 @@ def extract_stage(
             "window_vectors": vectors,
             "source_digest": digest,
             "accepted_at": accepted_at,
+            "ended_facts": ended_facts(extraction.result, known),
         }
     )
     return {
@@ -126,6 +130,17 @@ def extract_stage(
         "relationships": [r.model_dump() for r in extraction.result.relationships],
         "progress": todo.progress.model_dump(),
     }
+
+
+def _known_facts(
+    user_id: str, messages: Sequence[Message], settings: Settings, store: Neo4jGraphStore
+) -> list[KnownFact]:
+    """The user's current facts about what the new messages name, offered to the model with ids (none for the
+    offline extractor, which never ends a fact: no read on its path)."""
+    if settings.llm_model == OFFLINE or settings.extract_known_facts == 0:
+        return []
+    text = "\n".join(m.content for m in messages)
+    return known_facts(store.current_facts(user_id, text, settings.extract_known_facts))
 
 
 def _record(

@@ -162,6 +162,12 @@ class Settings(BaseSettings):
     extract_context_messages: int = Field(
         4, ge=0, le=100, description="Earlier messages sent as context when a session grows."
     )
+    extract_known_facts: int = Field(
+        20,
+        ge=0,
+        le=200,
+        description="Current facts offered to the model with ids so its answer can end them (0: none).",
+    )
     result_expires_s: int = Field(7 * 86_400, ge=60, description="How long task outcomes are kept for wait().")
     recall_budget_ms: int = Field(
         1000, ge=10, le=60_000, description="Time recall may take before it answers (degraded if need be)."

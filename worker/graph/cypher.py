@@ -89,19 +89,29 @@ SET m.description = row.description
 RETURN row.episode_id AS id, count(n) AS n
 """
 
+# A fact is keyed by its ends and predicate (worker/graph/facts.py). Said again after it ended, by an episode
+# that dates it from the end on, it is current again from then.
 SAVE_RELATIONSHIPS = """
 UNWIND $rows AS row
 MATCH (a:Entity {uid: row.source_uid})
 MATCH (b:Entity {uid: row.target_uid})
-MERGE (a)-[r:RELATED_TO]->(b)
-ON CREATE SET r.user_id = row.user_id, r.weight = 0.0, r.episodes = [], r.description = ''
+MERGE (a)-[r:RELATED_TO {predicate: row.predicate}]->(b)
+ON CREATE SET r.user_id = row.user_id, r.weight = 0.0, r.episodes = [], r.description = '',
+              r.valid_from = row.valid_from
+WITH r, row, r.invalid_from IS NOT NULL AND row.valid_from >= r.invalid_from AS again
 // support: how many episodes add to it (the list of their ids keeps only the last 50); a relationship from
 // before the counter starts from that list
-SET r.support = coalesce(r.support, size(r.episodes)) + 1
-SET r.weight = r.weight + row.weight,
+SET r.support = coalesce(r.support, size(r.episodes)) + 1,
+    r.weight = r.weight + row.weight,
     r.description = CASE WHEN row.description <> '' THEN row.description ELSE r.description END,
     r.episodes = (r.episodes + row.episode_id)[-50..],
-    r.updated_at = $now
+    r.updated_at = $now,
+    r.valid_from = CASE WHEN again OR r.valid_from IS NULL OR row.valid_from < r.valid_from
+                        THEN row.valid_from ELSE r.valid_from END,
+    r.invalid_from = CASE WHEN again THEN null ELSE r.invalid_from END,
+    r.ended_by = CASE WHEN again THEN null ELSE r.ended_by END,
+    r.replaces = CASE WHEN size(row.replaces) = 0 THEN r.replaces
+                      ELSE coalesce(r.replaces, []) + [x IN row.replaces WHERE NOT x IN coalesce(r.replaces, [])] END
 RETURN row.episode_id AS id, count(r) AS n
 """
 
@@ -261,7 +271,7 @@ DETAILS = """
 UNWIND range(0, size($hits) - 1) AS rank
 WITH rank, $hits[rank] AS hit
 MATCH (ep:Episode {id: hit.id})
-WHERE ep.user_id = $user_id
+WHERE ep.user_id = $user_id AND ($as_of IS NULL OR coalesce(ep.occurred_at, ep.created_at) <= $as_of)
 OPTIONAL MATCH (c:Chunk {episode_id: hit.id, seq: hit.seq})
 WITH rank, ep, c, CASE WHEN c.end - c.start > $max_window_chars THEN $max_window_chars ELSE c.end - c.start END AS n
 WITH rank, ep, CASE WHEN c IS NULL OR ep.content IS NULL THEN '' ELSE substring(ep.content, c.start, n) END AS passage
@@ -291,13 +301,17 @@ CALL (mentioned, seeds) {
   RETURN neighbours, [e IN edges WHERE e.inner OR e.b IN neighbours | e.r] AS kept
 }
 WITH episodes, mentioned, neighbours, kept
+// facts current (as of $as_of, when given) first and marked; with $as_of, facts not yet true then are left out
 CALL (kept) {
   UNWIND kept AS r
   WITH DISTINCT r
-  ORDER BY r.weight DESC, startNode(r).uid, endNode(r).uid
+  WHERE $as_of IS NULL OR coalesce(r.valid_from <= $as_of, true)
+  WITH r, r.invalid_from IS NULL OR ($as_of IS NOT NULL AND r.invalid_from > $as_of) AS current
+  ORDER BY current DESC, r.weight DESC, startNode(r).uid, endNode(r).uid, r.predicate
   LIMIT $max_relations
   RETURN collect({user_id: r.user_id, source: startNode(r).name, target: endNode(r).name,
-                  description: r.description, weight: r.weight}) AS relations
+                  predicate: coalesce(r.predicate, 'related_to'), description: r.description, weight: r.weight,
+                  valid_from: r.valid_from, invalid_from: r.invalid_from, current: current}) AS relations
 }
 RETURN episodes,
        [n IN mentioned | n {.uid, .user_id, .name, .type, .description, .mentions, hop: 0}]
@@ -313,9 +327,10 @@ CALL () {
 }
 CALL () {
   MATCH (a:Entity {user_id: $user_id})-[r:RELATED_TO]->(b:Entity)
-  WITH a, r, b ORDER BY r.weight DESC, a.name LIMIT $limit
-  RETURN collect({user_id: r.user_id, source: a.name, target: b.name, description: r.description,
-                  weight: r.weight}) AS relations
+  WITH a, r, b, r.invalid_from IS NULL AS current ORDER BY current DESC, r.weight DESC, a.name LIMIT $limit
+  RETURN collect({user_id: r.user_id, source: a.name, target: b.name, predicate: coalesce(r.predicate, 'related_to'),
+                  description: r.description, weight: r.weight, valid_from: r.valid_from,
+                  invalid_from: r.invalid_from, current: current}) AS relations
 }
 RETURN [] AS episodes, entities, relations
 """

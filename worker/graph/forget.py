@@ -7,7 +7,8 @@ What an episode added is taken back exactly:
 - each relationship it supported loses the weight the episode added and the episode's id, recorded on the
   episode when it was saved (`rel_sources`, `rel_targets`, `rel_weights`, `rel_descriptions`); a relationship
   no episode supports any more (`support` 0) is deleted, one that stays takes the description of the latest
-  remaining episode that gave one (none: empty). Episodes saved before these records existed give back an
+  remaining episode that gave one (none: empty); the known facts it ended are current again
+  (worker/graph/facts.py). Episodes saved before these records existed give back an
   equal share of the weight (weight / support) instead, and a relationship from before the support counter
   starts it from its list of episode ids, which keeps only the last 50;
 - its search windows (Chunk) and the episode itself go;
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from neo4j import ManagedTransaction
 
 from worker.errors import StoreRequestError
+from worker.facts_text import DEFAULT_PREDICATE
+from worker.graph.facts import REOPEN_FACTS
 from worker.identity import user_tag
 from worker.sessions import progress_key
 
@@ -95,6 +98,7 @@ CALL (e) {
   WITH e WHERE e.rel_sources IS NOT NULL
   UNWIND range(0, size(e.rel_sources) - 1) AS i
   MATCH (:Entity {uid: e.rel_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.rel_targets[i]})
+  WHERE r.predicate = coalesce(e.rel_predicates[i], $default_predicate)  // saved before predicates: the default
   RETURN r, e.rel_weights[i] AS given
   UNION
   WITH e WHERE e.rel_sources IS NULL
@@ -122,6 +126,7 @@ OPTIONAL CALL (r, a, b) {
   WHERE o.rel_sources IS NOT NULL
   UNWIND range(0, size(o.rel_sources) - 1) AS i
   WITH j, o, i WHERE o.rel_sources[i] = a.uid AND o.rel_targets[i] = b.uid AND o.rel_descriptions[i] <> ''
+                 AND coalesce(o.rel_predicates[i], $default_predicate) = r.predicate
   RETURN o.rel_descriptions[i] AS description
   ORDER BY j DESC
   LIMIT 1
@@ -169,6 +174,26 @@ RETURN count(*) AS n
 """
 
 
+def take_back_relationships(
+    tx: ManagedTransaction, ids: list[str], user_id: str, *, reopen: bool = True
+) -> tuple[list[str], list[str]]:
+    """Take back what the episodes added to relationships, deleting those nothing supports any more, and
+    (reopen) open again the facts they ended. Returns (deleted, kept) relationship element ids."""
+    if not ids:
+        return [], []
+    if reopen:
+        tx.run(REOPEN_FACTS, ids=ids, user_id=user_id).consume()
+    rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id, default_predicate=DEFAULT_PREDICATE))
+    gone = [r["rid"] for r in rows if r["gone"]]
+    if gone:
+        tx.run(DELETE_RELATIONSHIPS, rids=gone).consume()
+    return gone, [r["rid"] for r in rows if not r["gone"]]
+
+
+def redescribe_relationships(tx: ManagedTransaction, rids: list[str]) -> None:
+    tx.run(REDESCRIBE_RELATIONSHIPS, rids=rids, default_predicate=DEFAULT_PREDICATE).consume()
+
+
 def forget_transaction(
     tx: ManagedTransaction, user_id: str, at: float, episode_id: str | None, session_id: str | None
 ) -> ForgetCounts:
@@ -187,15 +212,11 @@ def forget_transaction(
         ids = [r["id"] for r in tx.run(SESSION_EPISODES, user_id=user_id, session_id=session_id, at=at)]
         keys = [session_tombstone(progress_key(user_id, session_id))]
         session_of = session_id
-    rel_rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id)) if ids else []
-    gone = [r["rid"] for r in rel_rows if r["gone"]]
-    kept = [r["rid"] for r in rel_rows if not r["gone"]]
-    if gone:
-        tx.run(DELETE_RELATIONSHIPS, rids=gone).consume()
+    gone, kept = take_back_relationships(tx, ids, user_id)
     mentions = tx.run(TAKE_BACK_MENTIONS, ids=ids, user_id=user_id).single(strict=True)
     episodes = int(tx.run(DELETE_EPISODES, ids=ids, user_id=user_id).single(strict=True)["n"]) if ids else 0
     if kept:
-        tx.run(REDESCRIBE_RELATIONSHIPS, rids=kept).consume()
+        redescribe_relationships(tx, kept)
     progress = 0
     session_forgotten = session_id
     if session_of is not None:

@@ -18,6 +18,7 @@ from worker.graph import cypher
 from worker.graph.candidates import CANDIDATES, candidate_params, candidates_statement, search_terms
 from worker.graph.erase import UserErasure
 from worker.graph.errors import translated
+from worker.graph.facts import KnownFactsReader
 from worker.graph.forget import ForgetCounts, episode_tombstone, forget_transaction, session_tombstone
 from worker.graph.fusion import FusionWeights, Ranked, fuse
 from worker.graph.lucene import build_query, terms_query
@@ -49,12 +50,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 BULK_TIMEOUT_FACTOR = 10
 
+AS_OF_CANDIDATES = 3  # times the limit, fused when recall answers as of a time (later episodes are left out)
 MAX_WINDOW_CHARS = 4_000  # of a best window read back to cut its passage from (messages can be 20k long)
 
 _SCHEMA_RACE_CODES = ("EquivalentSchemaRuleAlreadyExists", "IndexAlreadyExists", "ConstraintAlreadyExists")
 
 
-class Neo4jGraphStore(UserErasure, Portability, Reextraction):
+class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
     """Thread-safe: the driver pools connections; each call opens a short session."""
 
     def __init__(
@@ -129,6 +131,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction):
                     if not any(code in (exc.code or "") for code in _SCHEMA_RACE_CODES):
                         raise
             session.run(cypher.AWAIT_INDEXES, timeout_s=120).consume()
+        self.upgrade_predicates()
         self.warm_recall_plans()
 
     def warm_recall_plans(self) -> None:
@@ -155,6 +158,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction):
                     max_window_chars=1,
                     matched_names=[""] * names,
                     user_id="",
+                    as_of=None,
                     max_relations=1,
                     max_neighbours=1,
                     max_seeds=1,
@@ -274,8 +278,10 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction):
         timeout_s: float | None = None,
         period: Period | None = None,
         vector: Sequence[float] | None = None,
+        as_of: datetime | None = None,
     ) -> MemoryContext:
-        """Two reads: the candidate lists (fused in Python, fusion.py), then the winners' details."""
+        """Two reads: the candidate lists (fused in Python, fusion.py), then the winners' details. as_of: the
+        answer as of that time (episodes that happened by then; facts true then current, later ones left out)."""
         if limit <= 0:
             return MemoryContext()
         tag = user_tag(user_id)
@@ -305,7 +311,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction):
                 episodes_total=row["episodes_total"],
                 dense=[{"id": i, "score": sc, "seq": q} for i, sc, q in row["dense"]],
                 weights=weights,
-                limit=limit,
+                limit=limit * AS_OF_CANDIDATES if as_of is not None else limit,  # later episodes are left out
             )
             if not ranked:
                 return MemoryContext()
@@ -316,6 +322,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction):
                 max_window_chars=MAX_WINDOW_CHARS,
                 matched_names=[n[len("entity:") :] for r in ranked for n in r.matched_by if n.startswith("entity:")],
                 user_id=user_id,
+                as_of=as_of,
                 max_relations=limit * 4,
                 max_neighbours=limit * 2,
                 max_seeds=max(limit, 5),  # each seed costs a scan of its RELATED_TO edges
@@ -346,7 +353,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction):
             )
             for e in row["episodes"]
             if e["id"] in order
-        ]
+        ][:limit]
         # the returned episodes' own entities first (most mentioned first), then their one-hop neighbours
         entities = sorted((n for n in row["entities"] if n["hop"] == 0), key=lambda n: -(n["mentions"] or 0))
         entities = entities[: limit * 4] + [n for n in row["entities"] if n["hop"] == 1]
@@ -364,7 +371,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction):
                 )
                 for n in entities
             ],
-            related_relations=[RelationHit(**r) for r in row["relations"]],
+            related_relations=[RelationHit(**_native(r)) for r in row["relations"]],
         )
 
     # --- erase, health, counts ---------------------------------------------------------------------

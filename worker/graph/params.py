@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from worker.facts_text import fact_time
 from worker.identity import entity_key, entity_uid, user_tag
 from worker.llm.embeddings import unpack
 from worker.models import Entity, EpisodeRecord, Relationship
@@ -23,6 +26,7 @@ class SaveParams:
     entities: list[dict[str, Any]]
     relationships: list[dict[str, Any]]
     chunks: list[dict[str, Any]]
+    ends: list[dict[str, Any]]  # known facts the episodes ended (worker/graph/facts.py END_FACTS)
 
 
 EpisodeWrite = tuple[EpisodeRecord, Sequence[Entity], Sequence[Relationship]]
@@ -30,19 +34,44 @@ EpisodeWrite = tuple[EpisodeRecord, Sequence[Entity], Sequence[Relationship]]
 
 def build_save_params(writes: Sequence[EpisodeWrite]) -> SaveParams:
     """All rows of a batch, sorted so that concurrent transactions lock shared nodes in the same order."""
-    episodes, entities, relationships, chunks = [], [], [], []
+    episodes, entities, relationships, chunks, ends = [], [], [], [], []
     for record, ents, rels in writes:
         episode, entity_rows, relationship_rows = _episode_rows(record, ents, rels)
         episodes.append(episode)
         entities.extend(entity_rows)
         relationships.extend(relationship_rows)
         chunks.extend(chunk_rows(record))
+        ends.extend(end_rows(record))
     return SaveParams(
         episodes=sorted(episodes, key=lambda e: e["id"]),
         entities=sorted(entities, key=lambda e: (e["uid"], e["episode_id"])),
-        relationships=sorted(relationships, key=lambda r: (r["source_uid"], r["target_uid"], r["episode_id"])),
+        relationships=sorted(
+            relationships, key=lambda r: (r["source_uid"], r["target_uid"], r["predicate"], r["episode_id"])
+        ),
         chunks=chunks,
+        ends=sorted(ends, key=lambda r: (r["source_uid"], r["target_uid"], r["predicate"], r["episode_id"])),
     )
+
+
+def episode_time(record: EpisodeRecord) -> datetime:
+    """When an episode happened: its occurred_at, else when it was stored."""
+    return record.occurred_at or record.created_at
+
+
+def end_rows(record: EpisodeRecord) -> list[dict[str, Any]]:
+    """The known facts the episode's extraction ended, as END_FACTS rows (ended at the replacing fact's
+    valid_from, else at the episode's time)."""
+    return [
+        {
+            "episode_id": record.id,
+            "user_id": record.user_id,
+            "source_uid": entity_uid(record.user_id, end.source_key),
+            "predicate": end.predicate,
+            "target_uid": entity_uid(record.user_id, end.target_key),
+            "at": end.at or episode_time(record),
+        }
+        for end in record.ended_facts
+    ]
 
 
 def window_texts(content: str, spans: Sequence[tuple[int, int]]) -> list[str]:
@@ -156,25 +185,36 @@ def _episode_rows(
     for entity in entities:
         add(entity.name, entity.type, entity.description)
 
-    rels: dict[tuple[str, str], dict[str, Any]] = {}
+    replaced: dict[tuple[str, ...], list[str]] = {}
+    for end in record.ended_facts:
+        if end.replaced_by:
+            replaced.setdefault(end.replaced_by, []).append(
+                json.dumps([end.source_key, end.predicate, end.target_key], ensure_ascii=False)
+            )
+    rels: dict[tuple[str, str, str], dict[str, Any]] = {}
     for rel in relationships:
         source, target = add(rel.source, "", ""), add(rel.target, "", "")
-        merged = rels.get((source, target))
+        merged = rels.get((source, rel.predicate, target))
         if merged is None:
-            rels[(source, target)] = {
+            rels[(source, rel.predicate, target)] = {
                 "episode_id": record.id,
                 "user_id": user_id,
                 "source_uid": by_key[source]["uid"],
                 "target_uid": by_key[target]["uid"],
+                "predicate": rel.predicate,
                 "description": rel.description,
                 "weight": float(rel.weight),
+                "valid_from": fact_time(rel.valid_from) or episode_time(record),
+                "replaces": replaced.get((source, rel.predicate, target), []),
             }
         else:
             merged["weight"] += float(rel.weight)
             if rel.description:
                 merged["description"] = rel.description
+            if rel.valid_from:
+                merged["valid_from"] = min(merged["valid_from"], fact_time(rel.valid_from) or merged["valid_from"])
 
-    episode = record.model_dump(exclude={"message_spans", "window_vectors"})
+    episode = record.model_dump(exclude={"message_spans", "window_vectors", "ended_facts"})
     episode["user_tag"] = tag
     # What this episode adds to each relationship, so that forgetting it takes back exactly that
     # (worker/graph/forget.py).
@@ -182,5 +222,11 @@ def _episode_rows(
     episode["rel_targets"] = [r["target_uid"] for r in rels.values()]
     episode["rel_weights"] = [r["weight"] for r in rels.values()]
     episode["rel_descriptions"] = [r["description"] for r in rels.values()]
+    episode["rel_predicates"] = [r["predicate"] for r in rels.values()]
+    # The known facts it ended, so that forgetting it opens them again (worker/graph/facts.py).
+    ends = end_rows(record)
+    episode["end_sources"] = [r["source_uid"] for r in ends]
+    episode["end_predicates"] = [r["predicate"] for r in ends]
+    episode["end_targets"] = [r["target_uid"] for r in ends]
     episode["terms"] = indexed(f"{record.summary}\n{record.content or ''}")  # as reindex_rows does
     return episode, list(by_key.values()), list(rels.values())

@@ -53,8 +53,14 @@ RETURN e.id AS id, e.created_at AS at, e {.*, terms: null, user_tag: null, save_
          AS mentions,
        CASE WHEN e.rel_sources IS NULL THEN COLLECT {
          MATCH (e)-[:MENTIONS]->(a:Entity)-[r:RELATED_TO]->(b:Entity) WHERE e.id IN r.episodes
-         RETURN [a.uid, b.uid, r.weight / coalesce(r.support, size(r.episodes)), r.description]
+         RETURN [a.uid, b.uid, r.predicate, r.weight / coalesce(r.support, size(r.episodes)), r.description]
        } END AS legacy_relationships,
+       COLLECT {
+         UNWIND range(0, size(coalesce(e.end_sources, [])) - 1) AS i
+         MATCH (a:Entity {uid: e.end_sources[i]})-[r:RELATED_TO]->(b:Entity {uid: e.end_targets[i]})
+         WHERE r.predicate = e.end_predicates[i]
+         RETURN [a.key, r.predicate, b.key, CASE WHEN r.ended_by = e.id THEN r.invalid_from END] ORDER BY i
+       } AS ended,
        COLLECT { MATCH (c:Chunk)-[:OF]->(e) RETURN [c.start, c.end] ORDER BY c.seq } AS windows,
        COLLECT { MATCH (c:Chunk)-[:OF]->(e) RETURN c.embedding ORDER BY c.seq } AS vectors
 """
@@ -68,10 +74,13 @@ ORDER BY uid LIMIT $page
 
 RELATIONSHIPS_PAGE = """
 MATCH (a:Entity {user_id: $user_id})-[r:RELATED_TO]->(b:Entity)
-WHERE a.uid > $after_source OR (a.uid = $after_source AND b.uid > $after_target)
-RETURN a.uid AS source_uid, b.uid AS target_uid, a.name AS source, b.name AS target, r.description AS description,
-       r.weight AS weight, coalesce(r.support, size(r.episodes)) AS support
-ORDER BY source_uid, target_uid LIMIT $page
+WHERE a.uid > $after_source OR (a.uid = $after_source AND (b.uid > $after_target
+      OR (b.uid = $after_target AND r.predicate > $after_predicate)))
+RETURN a.uid AS source_uid, b.uid AS target_uid, a.name AS source, b.name AS target, r.predicate AS predicate,
+       r.description AS description, r.weight AS weight, coalesce(r.support, size(r.episodes)) AS support,
+       r.valid_from AS valid_from, r.invalid_from AS invalid_from, r.ended_by AS ended_by,
+       coalesce(r.replaces, []) AS replaces
+ORDER BY source_uid, target_uid, predicate LIMIT $page
 """
 
 SESSIONS_PAGE = """
@@ -98,9 +107,11 @@ RETURN count(n) AS n
 
 RESTORE_RELATIONSHIPS = """
 UNWIND $rows AS row
-MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO]->(:Entity {uid: row.target_uid})
+MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO {predicate: row.predicate}]->(:Entity {uid: row.target_uid})
 WHERE r.user_id = $user_id AND r.support = row.support
-SET r.description = row.description
+SET r.description = row.description, r.valid_from = coalesce(row.valid_from, r.valid_from),
+    r.invalid_from = row.invalid_from, r.ended_by = row.ended_by,
+    r.replaces = CASE WHEN size(row.replaces) = 0 THEN null ELSE row.replaces END
 RETURN count(r) AS n
 """
 
@@ -145,7 +156,8 @@ class Portability(StorePart):
         yield from self._pages(ENTITIES_PAGE, user_id, page, {"after": ""})
 
     def export_relationships(self, user_id: str, page: int = 1_000) -> Iterator[dict[str, Any]]:
-        yield from self._pages(RELATIONSHIPS_PAGE, user_id, page, {"after_source": "", "after_target": ""})
+        after = {"after_source": "", "after_target": "", "after_predicate": ""}
+        yield from self._pages(RELATIONSHIPS_PAGE, user_id, page, after)
 
     def export_sessions(self, user_id: str, page: int = 1_000) -> Iterator[dict[str, Any]]:
         yield from self._pages(SESSIONS_PAGE, user_id, page, {"after": ""})
@@ -183,6 +195,6 @@ _RESTORES = {"entity": RESTORE_ENTITIES, "relationship": RESTORE_RELATIONSHIPS, 
 _CURSOR_COLUMNS: dict[str, dict[str, str]] = {
     EPISODES_PAGE: {"after_at": "at", "after": "id"},
     ENTITIES_PAGE: {"after": "uid"},
-    RELATIONSHIPS_PAGE: {"after_source": "source_uid", "after_target": "target_uid"},
+    RELATIONSHIPS_PAGE: {"after_source": "source_uid", "after_target": "target_uid", "after_predicate": "predicate"},
     SESSIONS_PAGE: {"after": "key"},
 }

@@ -19,12 +19,7 @@ from neo4j import ManagedTransaction
 
 from worker.errors import StoreRequestError
 from worker.graph.errors import translated
-from worker.graph.forget import (
-    DELETE_RELATIONSHIPS,
-    REDESCRIBE_RELATIONSHIPS,
-    TAKE_BACK_MENTIONS,
-    TAKE_BACK_RELATIONSHIPS,
-)
+from worker.graph.forget import TAKE_BACK_MENTIONS, redescribe_relationships, take_back_relationships
 from worker.graph.params import EpisodeWrite, build_save_params
 from worker.graph.parts import StorePart
 from worker.graph.save_tx import counted
@@ -73,9 +68,12 @@ REPLACE_RELATIONSHIPS = """
 UNWIND $rows AS row
 MATCH (a:Entity {uid: row.source_uid})
 MATCH (b:Entity {uid: row.target_uid})
-MERGE (a)-[r:RELATED_TO]->(b)
-ON CREATE SET r.user_id = row.user_id, r.weight = 0.0, r.episodes = [], r.description = ''
-SET r.support = coalesce(r.support, size(r.episodes)) + 1, r.weight = r.weight + row.weight
+MERGE (a)-[r:RELATED_TO {predicate: row.predicate}]->(b)
+ON CREATE SET r.user_id = row.user_id, r.weight = 0.0, r.episodes = [], r.description = '',
+              r.valid_from = row.valid_from
+SET r.support = coalesce(r.support, size(r.episodes)) + 1, r.weight = r.weight + row.weight,
+    r.valid_from = CASE WHEN r.valid_from IS NULL OR row.valid_from < r.valid_from THEN row.valid_from
+                        ELSE r.valid_from END
 WITH r, row
 CALL (r, row) {
   UNWIND r.episodes + row.episode_id AS id
@@ -121,6 +119,7 @@ _REPLACED = (
     "rel_targets",
     "rel_weights",
     "rel_descriptions",
+    "rel_predicates",
     "terms",
 )
 
@@ -149,11 +148,7 @@ def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, n
     if record.extraction == "degraded" and stored["extraction"] != "degraded":
         return SaveResult(episode_id=record.id, created=False, outcome="exists")  # never trade memory for nothing
     ids, user_id = [record.id], record.user_id
-    rel_rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id))
-    gone = [r["rid"] for r in rel_rows if r["gone"]]
-    kept = [r["rid"] for r in rel_rows if not r["gone"]]
-    if gone:
-        tx.run(DELETE_RELATIONSHIPS, rids=gone).consume()
+    _, kept = take_back_relationships(tx, ids, user_id, reopen=False)
     taken = tx.run(MENTIONED, ids=ids).single(strict=True)
     tx.run(TAKE_BACK_MENTIONS, ids=ids, user_id=user_id).consume()
     params = build_save_params([write])
@@ -164,7 +159,7 @@ def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, n
     n_relationships = sum(int(r["n"]) for r in added)
     touched = sorted(set(kept) | {rid for r in added for rid in r["rids"]})
     if touched:
-        tx.run(REDESCRIBE_RELATIONSHIPS, rids=touched).consume()
+        redescribe_relationships(tx, touched)
     uids = sorted({row["uid"] for row in params.entities} | set(taken["uids"]))
     if uids:
         tx.run(REDESCRIBE_ENTITIES, uids=uids).consume()

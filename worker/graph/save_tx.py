@@ -10,6 +10,7 @@ from neo4j import ManagedTransaction
 
 from worker.errors import StoreRequestError
 from worker.graph import cypher
+from worker.graph.facts import END_FACTS
 from worker.graph.params import EpisodeWrite, build_save_params
 from worker.graph.write_checks import check_writes
 from worker.models import SaveResult, SessionProgress
@@ -53,6 +54,9 @@ def save_transaction(
     entity_rows = [row for row in params.entities if row["episode_id"] in created]
     relationship_rows = [row for row in params.relationships if row["episode_id"] in created]
     n_entities = counted(tx, cypher.SAVE_ENTITIES, entity_rows, now)
+    end_rows = [row for row in params.ends if row["episode_id"] in created]
+    if end_rows:  # before the episodes' own facts: a fact said again in the same batch is current again
+        tx.run(END_FACTS, rows=end_rows).consume()
     n_relationships = counted(tx, cypher.SAVE_RELATIONSHIPS, relationship_rows, now)
     save_chunks(tx, [row for row in params.chunks if row["episode_id"] in created])
     tx.run(cypher.RELEASE_CLAIMS, ids=sorted(created)).consume()

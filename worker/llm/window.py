@@ -6,7 +6,7 @@ whole conversation as before (a provider refusal is then a permanent failure: se
 
 A window's budget is that window less the answer's room (MEMORY_LLM_MAX_TOKENS, twice: a malformed answer is
 asked again with it and a correction), the prompt's own text (system text with the schema, headers) and a
-margin. Messages are counted once each with litellm's token
+margin; and the known facts offered to every window. Messages are counted once each with litellm's token
 counter for the model; a conversation that fits is one window (no count at all when its UTF-8 bytes already
 fit: a token is at least one byte). Otherwise messages go into windows in order, and each window after the
 first is given the last OVERLAP messages before it as earlier context (understood, not extracted again; at
@@ -77,14 +77,16 @@ def plan_windows(
     settings: Settings,
     template: PromptTemplate,
     count: Callable[[str], int] | None = None,
+    known: str = "",
 ) -> list[Window]:
-    """The windows to extract the conversation in (one when it fits, or when the window is unknown)."""
+    """The windows to extract the conversation in (one when it fits, or when the window is unknown). `known`:
+    the block of known facts every window's prompt carries (worker/known_facts.py)."""
     window = input_tokens(settings)
     whole = [Window(list(context), list(conversation))]
     if window is None:
         return whole
     count = cache(count or token_counter(settings))  # each message counted once, however often it is placed
-    overhead = _overhead(template, settings.llm_model, count)
+    overhead = _overhead(template, settings.llm_model, count) + (count(known) if known else 0)
     # Room for the answer, and for a re-ask of a malformed one: the answer again plus the correction.
     budget = int((window - 2 * settings.llm_max_tokens - REASK - overhead) * (1 - MARGIN))
     if budget < 64:

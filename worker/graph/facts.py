@@ -1,0 +1,110 @@
+"""Facts that change over time in the graph: the current facts offered to the extraction, the statement that
+ends the facts an episode's extraction ended, the one that opens them again when that episode is forgotten,
+and the upgrade that gives relationships stored before predicates existed the default one.
+
+A relationship (:Entity)-[:RELATED_TO {predicate}]->(:Entity) is one fact, keyed by its ends and predicate.
+`valid_from`: when it became true (the conversation's date, else its episode's time; the earliest when
+several episodes say it); `invalid_from`: when it stopped (null while current), set by the episode named in
+`ended_by`; the fact that replaced it lists it in `replaces` (JSON [source key, predicate, target key]).
+Nothing is deleted for being out of date: recall marks it, and answers `as_of` a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker.facts_text import DEFAULT_PREDICATE
+from worker.graph.cypher import ENTITY_FULLTEXT
+from worker.graph.errors import translated
+from worker.graph.lucene import build_query, content_terms
+from worker.graph.parts import StorePart
+from worker.graph.values import native
+from worker.identity import entity_key, entity_uid, user_tag
+
+SELF = "user"  # the entity the extraction prompt names the user by
+
+# The user's current facts about the entities the new messages name (fulltext over entity names), and the
+# user's own (the "user" entity); the latest updated first, at most $limit.
+_SEEDS_NAMED = f"""
+CALL () {{
+  CALL db.index.fulltext.queryNodes('{ENTITY_FULLTEXT}', $entity_query, {{limit: $k}}) YIELD node
+  WHERE node.user_id = $user_id
+  RETURN collect(node) AS named
+}}
+"""
+_SEEDS_NONE = "WITH [] AS named\n"
+_FACTS = """
+OPTIONAL MATCH (me:Entity {uid: $self_uid})
+UNWIND named + CASE WHEN me IS NULL THEN [] ELSE [me] END AS n
+MATCH (n)-[r:RELATED_TO]-()
+WHERE r.user_id = $user_id AND r.invalid_from IS NULL
+WITH DISTINCT r
+WITH r, startNode(r) AS a, endNode(r) AS b
+ORDER BY r.updated_at DESC, a.uid, r.predicate, b.uid
+LIMIT $limit
+RETURN a.key AS source_key, a.name AS source, r.predicate AS predicate, b.key AS target_key, b.name AS target,
+       r.valid_from AS valid_from
+"""
+CURRENT_FACTS = _SEEDS_NAMED + _FACTS
+CURRENT_FACTS_OF_USER = _SEEDS_NONE + _FACTS
+
+# In the save transaction, before the episode's own relationships: a fact still current, that started no
+# later than the end, ends. A fact gone (forgotten) or already ended is left as it is.
+END_FACTS = """
+UNWIND $rows AS row
+MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO {predicate: row.predicate}]->(:Entity {uid: row.target_uid})
+WHERE r.user_id = row.user_id AND r.invalid_from IS NULL AND coalesce(r.valid_from <= row.at, true)
+SET r.invalid_from = row.at, r.ended_by = row.episode_id
+"""
+
+# Forgetting an episode opens again the facts it ended (and only those it ended).
+REOPEN_FACTS = """
+UNWIND $ids AS id
+MATCH (e:Episode {id: id}) WHERE e.user_id = $user_id AND e.end_sources IS NOT NULL
+UNWIND range(0, size(e.end_sources) - 1) AS i
+MATCH (:Entity {uid: e.end_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.end_targets[i]})
+WHERE r.predicate = e.end_predicates[i] AND r.ended_by = id
+SET r.invalid_from = null, r.ended_by = null
+"""
+
+# Relationships stored before predicates: the default predicate, once (a mark records that it ran).
+PREDICATES_DONE = "OPTIONAL MATCH (m:SchemaMark {name: 'relationship_predicates'}) RETURN m IS NOT NULL AS done"
+SET_PREDICATES = f"""
+MATCH ()-[r:RELATED_TO]->() WHERE r.predicate IS NULL
+CALL (r) {{ SET r.predicate = '{DEFAULT_PREDICATE}' }} IN TRANSACTIONS OF 10000 ROWS
+"""
+MARK_PREDICATES = "MERGE (m:SchemaMark {name: 'relationship_predicates'}) SET m.at = datetime()"
+
+
+def fact_query(user_id: str, text: str, max_terms: int = 64) -> str | None:
+    """The fulltext query over entity names for the words of the new messages (function words left out)."""
+    words = list(dict.fromkeys(content_terms(text).split()))[:max_terms]
+    return build_query(user_tag(user_id), [], " ".join(words), max_text_chars=2_000)
+
+
+class KnownFactsReader(StorePart):
+    """current_facts and upgrade_predicates of Neo4jGraphStore."""
+
+    def current_facts(self, user_id: str, text: str, limit: int, k: int = 20) -> list[dict[str, Any]]:
+        """Up to `limit` current facts about what `text` names, and the user's own (rows of CURRENT_FACTS)."""
+        if limit <= 0:
+            return []
+        query = fact_query(user_id, text)
+        params = {
+            "user_id": user_id,
+            "self_uid": entity_uid(user_id, entity_key(SELF)),
+            "entity_query": query,
+            "k": k,
+            "limit": limit,
+        }
+        statement = CURRENT_FACTS if query is not None else CURRENT_FACTS_OF_USER
+        with translated("current_facts"), self._read_session() as session:
+            return [native(dict(r)) for r in session.run(statement, params)]
+
+    def upgrade_predicates(self) -> None:
+        """Give relationships stored before predicates the default one (once per database)."""
+        with translated("upgrade_predicates"), self._session() as session:
+            if session.run(PREDICATES_DONE).single(strict=True)["done"]:
+                return
+            session.run(SET_PREDICATES).consume()
+            session.run(MARK_PREDICATES).consume()
