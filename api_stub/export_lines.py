@@ -23,6 +23,7 @@ from api_stub.export_format import (
 )
 from worker.facts_text import DEFAULT_PREDICATE
 from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.graph.values import native
 from worker.llm.embeddings import pack
 from worker.models import Entity, FactEnd, Relationship
 
@@ -82,7 +83,7 @@ def _episode_line(row: dict[str, Any]) -> EpisodeLine:
         for s, t, p, w, d in added
         if s in names and t in names
     ]
-    ended = [FactEnd(source_key=a, predicate=p, target_key=b, at=at) for a, p, b, at in row["ended"]]
+    ended = [FactEnd(source_key=a, predicate=p, target_key=b, at=native(at)) for a, p, b, at in row["ended"]]
     windows = [(int(start), int(end)) for start, end in row["windows"]]
     vectors = row["vectors"]
     packed = [pack(v) for v in vectors] if len(vectors) == len(windows) and all(vectors) else []

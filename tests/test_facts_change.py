@@ -1,0 +1,264 @@
+"""Facts that change over time: the user's current facts are offered to the one extraction call with ids,
+the answer's `ends` marks them ended (never deleted), recall puts current facts first and marks the ended
+ones, and answers as of a time. The stand-in answers as a model would: it reads the known facts it is given."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api_stub.client import MemoryClient
+from tests.factories import entities, record
+from tests.llm_standin import Reply, StandIn, answer
+from tests.test_portability import comparable, export, write
+from tests.workers import WorkerProcess
+from worker.deadletter import DeadLetterStore
+from worker.facts_text import fact_date, normalize_predicate
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.known_facts import KnownFact, ended_facts
+from worker.models import ExtractionResult, Limits, MemoryContext, Relationship, build_episode
+from worker.pipeline import episode_payload, extract_stage, persist_stage
+from worker.settings import Settings
+
+NewUser = Callable[[str], str]
+CITIES = ("Porto", "Lisbon")
+MARCH, APRIL, JUNE = (datetime(2026, m, 10, tzinfo=UTC) for m in (3, 4, 6))
+SAID = {
+    "Porto": [{"role": "user", "content": "I live in Porto, in a flat near the river."}],
+    "Lisbon": [{"role": "user", "content": "Big news: we moved to Lisbon last week."}],
+}
+
+
+def model_that_ends(invent: bool = False) -> Callable[[dict[str, Any]], Reply]:
+    """user lives_in <the city the new messages name>; ends the known lives_in facts of other cities (or, with
+    `invent`, only ids that were never offered)."""
+
+    def reply(request: dict[str, Any]) -> Reply:
+        text = request["messages"][-1]["content"]
+        new = text.split("New messages:")[-1]
+        city = next(c for c in CITIES if c in new)
+        offered = dict(re.findall(r"^(f\d+): user lives_in (\w+)", text, re.M))
+        ends = ["f99"] if invent else [fid for fid, known in offered.items() if known != city]
+        return answer(
+            {
+                "summary": f"The user lives in {city}.",
+                "entities": [
+                    {"name": "user", "type": "person", "description": ""},
+                    {"name": city, "type": "place", "description": "where the user lives"},
+                ],
+                "relationships": [
+                    {
+                        "source": "user",
+                        "target": city,
+                        "predicate": "Lives in",
+                        "description": "lives in",
+                        "weight": 1.0,
+                        "valid_from": "",
+                        "ends": ends,
+                    }
+                ],
+                "ends": ["f42"] if invent else [],
+            }
+        )
+
+    return reply
+
+
+def facts(store: Neo4jGraphStore, user: str) -> dict[str, dict[str, Any]]:
+    """target name → the fact user -[predicate]-> target, as stored."""
+    with store._session() as s:
+        rows = s.run(
+            """
+            MATCH (a:Entity {user_id: $u})-[r:RELATED_TO]->(b:Entity)
+            RETURN b.name AS target, r {.predicate, .weight, .support, .valid_from, .invalid_from, .ended_by,
+                                        .replaces, .episodes} AS fact
+            """,
+            u=user,
+        )
+        return {r["target"]: {k: v for k, v in r["fact"].items()} for r in rows}
+
+
+def relations(context: MemoryContext) -> list[tuple[str, str, bool]]:
+    return [(r.target, r.predicate, r.current) for r in context.related_relations]
+
+
+def test_a_move_ends_the_old_home_through_the_workers_and_recall_answers_now_and_as_of_april(
+    standin: StandIn,
+    store: Neo4jGraphStore,
+    workers: Callable[..., WorkerProcess],
+    new_user: NewUser,
+    clean_redis: Any,
+) -> None:
+    standin.default = model_that_ends()
+    env = {"MEMORY_LLM_MODEL": "openai/stand-in", "MEMORY_LLM_API_BASE": standin.url, "MEMORY_LLM_API_KEY": "sk-x"}
+    workers(**env)
+    user = new_user("moves")
+    client = MemoryClient(Settings.load(**{"llm_model": "openai/stand-in", "llm_api_base": standin.url}))
+    try:
+        porto = client.add_episode(user, "march", SAID["Porto"], occurred_at=MARCH)
+        assert [s.state for s in client.wait([porto], timeout_s=60)] == ["persisted"]
+        lisbon = client.add_episode(user, "june", SAID["Lisbon"], occurred_at=JUNE)
+        assert [s.state for s in client.wait([lisbon], timeout_s=60)] == ["persisted"]
+        assert "Known facts" not in standin.requests[0]["messages"][-1]["content"]  # nothing known yet
+        offered = standin.requests[1]["messages"][-1]["content"]
+        assert re.search(r"^f1: user lives_in Porto \(since 2026-03-10\)$", offered, re.M), offered
+
+        stored = facts(store, user)
+        assert stored["Porto"]["predicate"] == stored["Lisbon"]["predicate"] == "lives_in"
+        assert stored["Porto"]["invalid_from"].to_native() == JUNE and stored["Porto"]["ended_by"] == lisbon.episode_id
+        assert stored["Lisbon"]["invalid_from"] is None and stored["Lisbon"]["valid_from"].to_native() == JUNE
+        assert stored["Lisbon"]["replaces"] == [json.dumps(["user", "lives_in", "porto"])]
+
+        now = client.retrieve_memory(user, "where do I live")
+        assert relations(now) == [("Lisbon", "lives_in", True), ("Porto", "lives_in", False)]
+        ended = now.related_relations[1]
+        assert ended.valid_from == MARCH and ended.invalid_from == JUNE
+        april = client.retrieve_memory(user, "where do I live", as_of=APRIL)
+        assert relations(april) == [("Porto", "lives_in", True)]
+        assert [e.id for e in april.related_episodes] == [porto.episode_id]
+
+        # Sent again: unchanged, and the graph with it.
+        again = [
+            client.add_episode(user, s, SAID[c], occurred_at=t)
+            for s, c, t in (("march", "Porto", MARCH), ("june", "Lisbon", JUNE))
+        ]
+        assert [s.state for s in client.wait(again, timeout_s=60)] == ["unchanged", "unchanged"]
+        assert facts(store, user) == stored
+    finally:
+        client.close()
+    assert DeadLetterStore(clean_redis).count() == 0
+
+
+def extracted(user: str, city: str, when: datetime, settings: Settings, store: Neo4jGraphStore) -> dict[str, Any]:
+    episode = build_episode(user, when.isoformat(), SAID[city], limits=Limits(), occurred_at=when)
+    return extract_stage(episode_payload(episode), settings=settings, store=store, llm=None)
+
+
+def persisted(payload: dict[str, Any], store: Neo4jGraphStore) -> str:
+    return str(persist_stage(payload, save=store.save_episode)["status"])
+
+
+def test_replaying_either_episode_changes_nothing_and_forgetting_the_move_opens_the_old_home_again(
+    standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser
+) -> None:
+    standin.default = model_that_ends()
+    user = new_user("moves-replay")
+    porto = extracted(user, "Porto", MARCH, llm_settings, store)
+    assert persisted(porto, store) == "persisted"
+    lisbon = extracted(user, "Lisbon", JUNE, llm_settings, store)
+    assert persisted(lisbon, store) == "persisted"
+    stored = facts(store, user)
+    assert stored["Porto"]["invalid_from"] is not None
+    for payload in (lisbon, porto, lisbon):  # a redelivered persist message, a replayed dead letter
+        assert persisted(payload, store) in ("persisted", "unchanged")  # the same send: stored already
+        assert facts(store, user) == stored
+
+    client.forget_episode(user, lisbon["episode_id"])
+    reopened = facts(store, user)
+    assert set(reopened) == {"Porto"}
+    assert (reopened["Porto"]["invalid_from"], reopened["Porto"]["ended_by"]) == (None, None)
+    assert relations(client.retrieve_memory(user, "where do I live")) == [("Porto", "lives_in", True)]
+
+
+def test_ids_the_model_invents_end_nothing(
+    standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    standin.default = model_that_ends(invent=True)
+    user = new_user("moves-invented")
+    assert persisted(extracted(user, "Porto", MARCH, llm_settings, store), store) == "persisted"
+    lisbon = extracted(user, "Lisbon", JUNE, llm_settings, store)
+    assert lisbon["record"]["ended_facts"] == []
+    assert persisted(lisbon, store) == "persisted"
+    assert all(f["invalid_from"] is None for f in facts(store, user).values())
+
+
+def test_the_offline_extractor_reads_no_facts_and_ends_none(
+    settings: Settings, store: Neo4jGraphStore, new_user: NewUser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user = new_user("moves-offline")
+    reads: list[str] = []
+    monkeypatch.setattr(store, "current_facts", lambda *a, **k: reads.append("read") or [])
+    for city, when in (("Porto", MARCH), ("Lisbon", JUNE)):
+        assert persisted(extracted(user, city, when, settings, store), store) == "persisted"
+    assert reads == []
+    with store._session() as s:
+        ended = s.run(
+            "MATCH (:Entity {user_id: $u})-[r:RELATED_TO]->() WHERE r.invalid_from IS NOT NULL RETURN count(r) AS n",
+            u=user,
+        ).single(strict=True)["n"]
+    assert ended == 0
+
+
+def test_export_and_import_keep_predicates_times_and_what_ended_what(
+    standin: StandIn,
+    llm_settings: Settings,
+    store: Neo4jGraphStore,
+    client: MemoryClient,
+    new_user: NewUser,
+    tmp_path: Path,
+) -> None:
+    standin.default = model_that_ends()
+    user = new_user("moves-export")
+    for city, when in (("Porto", MARCH), ("Lisbon", JUNE)):
+        assert persisted(extracted(user, city, when, llm_settings, store), store) == "persisted"
+    before = export(client, user)
+    assert before[0]["version"] == 2
+    porto = next(line for line in before if line["kind"] == "relationship" and line["target"] == "Porto")
+    assert (porto["predicate"], porto["invalid_from"]) == ("lives_in", "2026-06-10T00:00:00Z")
+    recalled = client.retrieve_memory(user, "where do I live")
+    client.forget_user(user)
+    client.import_memory(write(tmp_path / "moves.jsonl", before))
+    assert comparable(export(client, user)) == comparable(before)
+    assert relations(client.retrieve_memory(user, "where do I live")) == relations(recalled)
+    # Forgetting the move after the import opens the old home again, as before the move.
+    lisbon_episode = next(line["id"] for line in before if line["kind"] == "episode" and "Lisbon" in line["content"])
+    client.forget_episode(user, lisbon_episode)
+    assert facts(store, user)["Porto"]["invalid_from"] is None
+
+
+def test_relationships_stored_before_predicates_get_the_default_and_merge_with_new_saves(
+    store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    user = new_user("legacy-predicates")
+    ada_bo = [Relationship(source="Ada", target="Bo", weight=1.0)]
+    store.save_episode(record(user, "user: Ada and Bo"), entities("Ada", "Bo"), ada_bo)
+    with store._session() as s:  # as an earlier version stored it, before the upgrade ran
+        s.run("MATCH (:Entity {user_id: $u})-[r:RELATED_TO]->() REMOVE r.predicate", u=user).consume()
+        s.run("MATCH (m:SchemaMark {name: 'relationship_predicates'}) DELETE m").consume()
+    store.upgrade_predicates()
+    store.save_episode(record(user, "user: Ada and Bo again"), entities("Ada", "Bo"), ada_bo)
+    stored = facts(store, user)
+    assert list(stored) == ["Bo"] and (stored["Bo"]["predicate"], stored["Bo"]["support"]) == ("related_to", 2)
+
+
+def test_predicates_and_dates_are_normalised_and_only_offered_ids_end_facts() -> None:
+    assert [normalize_predicate(p) for p in ("Lives in", "LIVES_IN", " works-at ", "", "!!", "位于")] == [
+        "lives_in",
+        "lives_in",
+        "works_at",
+        "related_to",
+        "related_to",
+        "位于",
+    ]
+    assert [fact_date(d) for d in ("2024-06-03", "2024-06", "2024", "2024-02-30", "soon", "")] == [
+        "2024-06-03",
+        "2024-06-01",
+        "2024-01-01",
+        "",
+        "",
+        "",
+    ]
+    offered = [KnownFact("f1", "user", "user", "lives_in", "porto", "Porto", MARCH)]
+    moved = Relationship(source="User", target="Lisbon", predicate="lives_in", valid_from="2026-06", ends=["f1", "f7"])
+    again = Relationship(source="user", target="PORTO", predicate="lives in", ends=["f1"])  # ends itself: no
+    ends = ended_facts(ExtractionResult(summary="s", relationships=[moved], ends=["f1", "f9"]), offered)
+    assert [(e.source_key, e.predicate, e.target_key, e.at, e.replaced_by) for e in ends] == [
+        ("user", "lives_in", "porto", datetime(2026, 6, 1, tzinfo=UTC), ("user", "lives_in", "lisbon"))
+    ]
+    assert ended_facts(ExtractionResult(summary="s", relationships=[again]), offered) == ()
