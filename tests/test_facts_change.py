@@ -183,7 +183,12 @@ def test_the_offline_extractor_reads_no_facts_and_ends_none(
 ) -> None:
     user = new_user("moves-offline")
     reads: list[str] = []
-    monkeypatch.setattr(store, "current_facts", lambda *a, **k: reads.append("read") or [])
+
+    def counted(user_id: str, text: str, limit: int) -> list[dict[str, Any]]:
+        reads.append(user_id)
+        return []
+
+    monkeypatch.setattr(store, "current_facts", counted)
     for city, when in (("Porto", MARCH), ("Lisbon", JUNE)):
         assert persisted(extracted(user, city, when, settings, store), store) == "persisted"
     assert reads == []
