@@ -1,4 +1,5 @@
-"""Extraction benchmark: offline extraction throughput and local keyword extraction latency.
+"""Extraction benchmark: offline extraction throughput, local keyword extraction latency, and the prompt
+tokens the known facts add to an extraction call (issue 14: one call per episode, its added context stated).
 
 make bench            (or: .venv/bin/python -m tests.benchmarks.bench_extract)
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from datetime import UTC, datetime
 
 from tests.benchmarks.common import latency_ms, timed, write_results
 from worker.keywords import local_keywords
@@ -59,6 +61,52 @@ def conversation(rng: random.Random) -> list[Message]:
     return messages
 
 
+PREDICATES = ["lives_in", "works_at", "friend_of", "sister_of", "likes", "visited", "plans_to", "member_of"]
+
+
+def known_facts_tokens(rng: random.Random, model: str = "gpt-4o-mini") -> dict[str, object]:
+    """Prompt tokens (litellm's counter, the model's tokenizer) of an extraction call of a six-message
+    conversation, without and with 5, 10 and 20 known facts (the default bound is 20)."""
+    from worker.known_facts import KnownFact, known_facts_text
+    from worker.llm.client import litellm_module
+    from worker.prompts import extraction as prompt
+
+    litellm = litellm_module()
+
+    def tokens(messages: list[dict[str, str]]) -> int:
+        return int(litellm.token_counter(model=model, messages=messages))
+
+    conversations = [conversation(rng) for _ in range(50)]
+    base = [tokens(prompt.build_messages(prompt.DEFAULT, c)) for c in conversations]
+    added: dict[str, float] = {}
+    for n in (5, 10, 20):
+        extra = []
+        for c in conversations:
+            facts = [
+                KnownFact(
+                    f"f{i}",
+                    "user",
+                    rng.choice(["user", *NAMES]),
+                    rng.choice(PREDICATES),
+                    "x",
+                    rng.choice(NAMES + PLACES + ORGS + ZH_PLACES + ZH_ORGS),
+                    datetime(2026, rng.randint(1, 12), rng.randint(1, 28), tzinfo=UTC) if rng.random() < 0.8 else None,
+                )
+                for i in range(1, n + 1)
+            ]
+            known = known_facts_text(facts)
+            extra.append(
+                tokens(prompt.build_messages(prompt.DEFAULT, c, known=known))
+                - tokens(prompt.build_messages(prompt.DEFAULT, c))
+            )
+        added[f"{n}_facts"] = round(sum(extra) / len(extra), 1)
+    return {
+        "model_tokenizer": model,
+        "prompt_tokens_without_facts_mean": round(sum(base) / len(base), 1),
+        "added_tokens_mean": added,
+    }
+
+
 def main() -> None:
     rng = random.Random(5)
     episodes = [conversation(rng) for _ in range(2000)]
@@ -78,6 +126,7 @@ def main() -> None:
                 "shape": "6 messages, half English half Chinese",
             },
             "local_keywords_short_queries": latency_ms(samples),
+            "known_facts_prompt_tokens": known_facts_tokens(rng),
         },
     )
 
