@@ -33,7 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from api_stub.client import EpisodeReceipt, ForgetReport, MemoryClient
 from api_stub.forget_part import ForgetPartReport
@@ -69,7 +69,7 @@ class RecallIn(BaseModel):
     limit: int | None = Field(None, description="Episodes to return (1..100); default MEMORY_RECALL_LIMIT.")
     budget_ms: int | None = Field(None, ge=10, le=60_000, description="Time allowed; default MEMORY_RECALL_BUDGET_MS.")
     strict: bool = Field(False, description="Answer 503 instead of a degraded empty context when a store is down.")
-    as_of: datetime | None = Field(None, description="Answer as of this time (timezone-aware).")
+    as_of: AwareDatetime | None = Field(None, description="Answer as of this time (timezone-aware).")
 
 
 class Problem(BaseModel):

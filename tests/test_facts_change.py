@@ -6,23 +6,36 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from api_stub.client import MemoryClient
 from tests.factories import entities, record
 from tests.llm_standin import Reply, StandIn, answer
+from tests.servers import ServerProcess
+from tests.test_http import AUTH, server  # noqa: F401  (the fixture)
+from tests.test_policy_and_dlq import memctl
 from tests.test_portability import comparable, export, write
 from tests.workers import WorkerProcess
 from worker.deadletter import DeadLetterStore
 from worker.facts_text import fact_date, normalize_predicate
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.known_facts import KnownFact, ended_facts
-from worker.models import ExtractionResult, Limits, MemoryContext, Relationship, build_episode
+from worker.models import (
+    Entity,
+    EpisodeRecord,
+    ExtractionResult,
+    Limits,
+    MemoryContext,
+    Relationship,
+    build_episode,
+)
 from worker.pipeline import episode_payload, extract_stage, persist_stage
 from worker.settings import Settings
 
@@ -121,6 +134,7 @@ def test_a_move_ends_the_old_home_through_the_workers_and_recall_answers_now_and
         assert ended.valid_from == MARCH and ended.invalid_from == JUNE
         april = client.retrieve_memory(user, "where do I live", as_of=APRIL)
         assert relations(april) == [("Porto", "lives_in", True)]
+        assert "Lisbon" not in [e.name for e in april.related_entities]  # not even as a neighbour
         assert [e.id for e in april.related_episodes] == [porto.episode_id]
 
         # Sent again: unchanged, and the graph with it.
@@ -135,8 +149,11 @@ def test_a_move_ends_the_old_home_through_the_workers_and_recall_answers_now_and
     assert DeadLetterStore(clean_redis).count() == 0
 
 
-def extracted(user: str, city: str, when: datetime, settings: Settings, store: Neo4jGraphStore) -> dict[str, Any]:
-    episode = build_episode(user, when.isoformat(), SAID[city], limits=Limits(), occurred_at=when)
+def extracted(
+    user: str, city: str, when: datetime, settings: Settings, store: Neo4jGraphStore, said: str | None = None
+) -> dict[str, Any]:
+    messages = [{"role": "user", "content": said}] if said else SAID[city]
+    episode = build_episode(user, when.isoformat(), messages, limits=Limits(), occurred_at=when)
     return extract_stage(episode_payload(episode), settings=settings, store=store, llm=None)
 
 
@@ -166,6 +183,41 @@ def test_replaying_either_episode_changes_nothing_and_forgetting_the_move_opens_
     assert relations(client.retrieve_memory(user, "where do I live")) == [("Porto", "lives_in", True)]
 
 
+def test_http_and_memctl_answer_as_of_a_time_and_refuse_one_without_a_zone(
+    server: ServerProcess,  # noqa: F811
+    standin: StandIn,
+    llm_settings: Settings,
+    store: Neo4jGraphStore,
+    new_user: NewUser,
+) -> None:
+    standin.default = model_that_ends()
+    user = new_user("moves-as-of")
+    for city, when in (("Porto", MARCH), ("Lisbon", JUNE)):
+        assert persisted(extracted(user, city, when, llm_settings, store), store) == "persisted"
+
+    def over_http(as_of: str | None) -> httpx.Response:
+        body = {"user_id": user, "query": "where do I live", "as_of": as_of}
+        return httpx.post(server.url + "/v1/recall", json=body, headers=AUTH, timeout=10)
+
+    april = over_http("2026-04-10T00:00:00+00:00")
+    assert [(r["target"], r["current"]) for r in april.json()["related_relations"]] == [("Porto", True)]
+    now = over_http(None).json()["related_relations"]
+    assert [(r["target"], r["current"], r["invalid_from"]) for r in now] == [
+        ("Lisbon", True, None),
+        ("Porto", False, "2026-06-10T00:00:00Z"),
+    ]
+    naive = over_http("2026-04-10T00:00:00")
+    assert naive.status_code in (400, 422) and "as_of" in naive.text
+
+    cli = memctl("recall", "--user", user, "--as-of", "2026-04-10", "--json", "where do I live")
+    assert cli.returncode == 0, cli.stderr
+    assert [(r["target"], r["current"]) for r in json.loads(cli.stdout)["related_relations"]] == [("Porto", True)]
+    text = memctl("recall", "--user", user, "where do I live")
+    assert "-[lives_in 1]-> Porto since 2026-03-10  (ended 2026-06-10)" in text.stdout, text.stdout
+    bad = memctl("recall", "--user", user, "--as-of", "April", "where do I live")
+    assert bad.returncode == 2 and "--as-of" in bad.stderr
+
+
 def test_ids_the_model_invents_end_nothing(
     standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, new_user: NewUser
 ) -> None:
@@ -173,9 +225,45 @@ def test_ids_the_model_invents_end_nothing(
     user = new_user("moves-invented")
     assert persisted(extracted(user, "Porto", MARCH, llm_settings, store), store) == "persisted"
     lisbon = extracted(user, "Lisbon", JUNE, llm_settings, store)
+    assert "f1: user lives_in Porto" in standin.requests[-1]["messages"][-1]["content"]  # offered, not ended
     assert lisbon["record"]["ended_facts"] == []
     assert persisted(lisbon, store) == "persisted"
     assert all(f["invalid_from"] is None for f in facts(store, user).values())
+
+
+def test_back_in_the_old_home_makes_it_current_again_and_a_reextraction_keeps_what_ended(
+    standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser
+) -> None:
+    standin.default = model_that_ends()
+    user = new_user("moves-back")
+    porto = extracted(user, "Porto", MARCH, llm_settings, store)
+    for payload in (porto, extracted(user, "Lisbon", JUNE, llm_settings, store)):
+        assert persisted(payload, store) == "persisted"
+    ended = facts(store, user)["Porto"]
+
+    # A re-extraction of the Porto episode says Porto again: the fact keeps its times and its end.
+    record = EpisodeRecord.model_validate(porto["record"]).model_copy(update={"accepted_at": time.time()})
+    ents = [Entity.model_validate(e) for e in porto["entities"]]
+    rels = [Relationship.model_validate(r) for r in porto["relationships"]]
+    assert store.replace_extraction(record, ents, rels, "job-facts").outcome == "created"
+    again = facts(store, user)["Porto"]
+    assert (again["invalid_from"], again["ended_by"], again["valid_from"]) == (
+        ended["invalid_from"],
+        ended["ended_by"],
+        ended["valid_from"],
+    )
+
+    august = datetime(2026, 8, 10, tzinfo=UTC)
+    back = extracted(user, "Porto", august, llm_settings, store, said="We are back in Porto for good.")
+    assert "f1: user lives_in Lisbon" in standin.requests[-1]["messages"][-1]["content"]
+    assert persisted(back, store) == "persisted"
+    now = facts(store, user)
+    assert (now["Porto"]["invalid_from"], now["Porto"]["valid_from"].to_native()) == (None, august)
+    assert now["Lisbon"]["invalid_from"].to_native() == august
+    assert relations(client.retrieve_memory(user, "where do I live")) == [
+        ("Porto", "lives_in", True),
+        ("Lisbon", "lives_in", False),
+    ]
 
 
 def test_the_offline_extractor_reads_no_facts_and_ends_none(
@@ -267,3 +355,5 @@ def test_predicates_and_dates_are_normalised_and_only_offered_ids_end_facts() ->
         ("user", "lives_in", "porto", datetime(2026, 6, 1, tzinfo=UTC), ("user", "lives_in", "lisbon"))
     ]
     assert ended_facts(ExtractionResult(summary="s", relationships=[again]), offered) == ()
+    bare = ended_facts(ExtractionResult(summary="s", ends=[" f1 ", "f2"]), offered)  # no replacement
+    assert [(e.target_key, e.at, e.replaced_by) for e in bare] == [("porto", None, ())]

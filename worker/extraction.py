@@ -109,7 +109,7 @@ def _joined(known: Relationship, new: Relationship, weight: float) -> Relationsh
         update={
             "weight": min(weight, 1_000_000.0),
             "description": new.description or known.description,
-            "valid_from": known.valid_from or new.valid_from,
+            "valid_from": min(filter(None, (known.valid_from, new.valid_from)), default=""),  # the earliest date
             "ends": list(dict.fromkeys([*known.ends, *new.ends])),
         }
     )

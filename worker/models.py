@@ -6,7 +6,7 @@ import math
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from worker.errors import EpisodeRejected
 from worker.facts_text import DEFAULT_PREDICATE, fact_date, normalize_predicate
@@ -197,7 +197,7 @@ class FactEnd(_Frozen):
     source_key: str
     predicate: str
     target_key: str
-    at: datetime | None = None  # when it stopped: the replacing fact's valid_from; None: the episode's time
+    at: AwareDatetime | None = None  # when it stopped: the replacing fact's valid_from; None: the episode's time
     # The fact that replaces it, by (source key, predicate, target key); empty: ended without a replacement.
     replaced_by: tuple[str, ...] = ()
 

@@ -293,7 +293,7 @@ WITH episodes, mentioned,
 CALL (mentioned, seeds) {
   UNWIND seeds AS a
   MATCH (a)-[r:RELATED_TO]-(b)  // RELATED_TO only joins entities of one user (checked again in Python)
-  WHERE r.user_id = $user_id
+  WHERE r.user_id = $user_id AND ($as_of IS NULL OR coalesce(r.valid_from <= $as_of, true))
   WITH r, b, b IN mentioned AS inner
   ORDER BY r.weight DESC, b.uid
   WITH collect(DISTINCT CASE WHEN NOT inner THEN b END)[..$max_neighbours] AS neighbours,
@@ -301,12 +301,12 @@ CALL (mentioned, seeds) {
   RETURN neighbours, [e IN edges WHERE e.inner OR e.b IN neighbours | e.r] AS kept
 }
 WITH episodes, mentioned, neighbours, kept
-// facts current (as of $as_of, when given) first and marked; with $as_of, facts not yet true then are left out
+// facts current (as of $as_of, else now) first and marked; with $as_of, facts not yet true then are left out
+// (their neighbours too, above); without it, a fact dated in the future is kept, not current
 CALL (kept) {
   UNWIND kept AS r
-  WITH DISTINCT r
-  WHERE $as_of IS NULL OR coalesce(r.valid_from <= $as_of, true)
-  WITH r, r.invalid_from IS NULL OR ($as_of IS NOT NULL AND r.invalid_from > $as_of) AS current
+  WITH DISTINCT r, coalesce($as_of, datetime()) AS at
+  WITH r, coalesce(r.valid_from <= at, true) AND coalesce(r.invalid_from > at, true) AS current
   ORDER BY current DESC, r.weight DESC, startNode(r).uid, endNode(r).uid, r.predicate
   LIMIT $max_relations
   RETURN collect({user_id: r.user_id, source: startNode(r).name, target: endNode(r).name,
@@ -327,7 +327,8 @@ CALL () {
 }
 CALL () {
   MATCH (a:Entity {user_id: $user_id})-[r:RELATED_TO]->(b:Entity)
-  WITH a, r, b, r.invalid_from IS NULL AS current ORDER BY current DESC, r.weight DESC, a.name LIMIT $limit
+  WITH a, r, b, coalesce(r.valid_from <= datetime(), true) AND coalesce(r.invalid_from > datetime(), true) AS current
+  ORDER BY current DESC, r.weight DESC, a.name LIMIT $limit
   RETURN collect({user_id: r.user_id, source: a.name, target: b.name, predicate: coalesce(r.predicate, 'related_to'),
                   description: r.description, weight: r.weight, valid_from: r.valid_from,
                   invalid_from: r.invalid_from, current: current}) AS relations

@@ -37,10 +37,10 @@ _FACTS = """
 OPTIONAL MATCH (me:Entity {uid: $self_uid})
 UNWIND named + CASE WHEN me IS NULL THEN [] ELSE [me] END AS n
 MATCH (n)-[r:RELATED_TO]-()
-WHERE r.user_id = $user_id AND r.invalid_from IS NULL
+WHERE r.user_id = $user_id AND coalesce(r.invalid_from > datetime(), true)  // ending later is still current
 WITH DISTINCT r
 WITH r, startNode(r) AS a, endNode(r) AS b
-ORDER BY r.updated_at DESC, a.uid, r.predicate, b.uid
+ORDER BY coalesce(r.updated_at, r.valid_from) DESC, a.uid, r.predicate, b.uid
 LIMIT $limit
 RETURN a.key AS source_key, a.name AS source, r.predicate AS predicate, b.key AS target_key, b.name AS target,
        r.valid_from AS valid_from
@@ -48,12 +48,14 @@ RETURN a.key AS source_key, a.name AS source, r.predicate AS predicate, b.key AS
 CURRENT_FACTS = _SEEDS_NAMED + _FACTS
 CURRENT_FACTS_OF_USER = _SEEDS_NONE + _FACTS
 
-# In the save transaction, before the episode's own relationships: a fact still current, that started no
-# later than the end, ends. A fact gone (forgotten) or already ended is left as it is.
+# In the save transaction, after the episodes' own relationships (an import saves the fact and the episode
+# that ended it in one batch): a fact still current, that started no later than the end, ends. A fact gone
+# (forgotten) or already ended is left as it is. A predicate of null: stored by a version before predicates.
 END_FACTS = """
 UNWIND $rows AS row
-MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO {predicate: row.predicate}]->(:Entity {uid: row.target_uid})
-WHERE r.user_id = row.user_id AND r.invalid_from IS NULL AND coalesce(r.valid_from <= row.at, true)
+MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO]->(:Entity {uid: row.target_uid})
+WHERE r.user_id = row.user_id AND coalesce(r.predicate, $default_predicate) = row.predicate
+  AND r.invalid_from IS NULL AND coalesce(r.valid_from <= row.at, true)
 SET r.invalid_from = row.at, r.ended_by = row.episode_id
 """
 
@@ -63,7 +65,7 @@ UNWIND $ids AS id
 MATCH (e:Episode {id: id}) WHERE e.user_id = $user_id AND e.end_sources IS NOT NULL
 UNWIND range(0, size(e.end_sources) - 1) AS i
 MATCH (:Entity {uid: e.end_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.end_targets[i]})
-WHERE r.predicate = e.end_predicates[i] AND r.ended_by = id
+WHERE coalesce(r.predicate, $default_predicate) = e.end_predicates[i] AND r.ended_by = id
 SET r.invalid_from = null, r.ended_by = null
 """
 

@@ -98,7 +98,8 @@ CALL (e) {
   WITH e WHERE e.rel_sources IS NOT NULL
   UNWIND range(0, size(e.rel_sources) - 1) AS i
   MATCH (:Entity {uid: e.rel_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.rel_targets[i]})
-  WHERE r.predicate = coalesce(e.rel_predicates[i], $default_predicate)  // saved before predicates: the default
+  // saved before predicates (the episode, or the relationship): the default
+  WHERE coalesce(r.predicate, $default_predicate) = coalesce(e.rel_predicates[i], $default_predicate)
   RETURN r, e.rel_weights[i] AS given
   UNION
   WITH e WHERE e.rel_sources IS NULL
@@ -113,7 +114,7 @@ SET r.weight = CASE WHEN support <= times THEN 0.0 ELSE r.weight - given END,
 RETURN elementId(r) AS rid, support - times <= 0 AS gone
 """
 
-DELETE_RELATIONSHIPS = "UNWIND $rids AS rid MATCH ()-[r]->() WHERE elementId(r) = rid DELETE r"
+DELETE_RELATIONSHIPS = "UNWIND $rids AS rid MATCH ()-[r]->() WHERE elementId(r) = rid AND r.support <= 0 DELETE r"
 
 # A remaining relationship's description: the latest remaining episode (of its list) that gave one; none
 # (or only episodes saved before these records): '' so that no words of a forgotten episode stay.
@@ -126,7 +127,7 @@ OPTIONAL CALL (r, a, b) {
   WHERE o.rel_sources IS NOT NULL
   UNWIND range(0, size(o.rel_sources) - 1) AS i
   WITH j, o, i WHERE o.rel_sources[i] = a.uid AND o.rel_targets[i] = b.uid AND o.rel_descriptions[i] <> ''
-                 AND coalesce(o.rel_predicates[i], $default_predicate) = r.predicate
+                 AND coalesce(o.rel_predicates[i], $default_predicate) = coalesce(r.predicate, $default_predicate)
   RETURN o.rel_descriptions[i] AS description
   ORDER BY j DESC
   LIMIT 1
@@ -175,17 +176,19 @@ RETURN count(*) AS n
 
 
 def take_back_relationships(
-    tx: ManagedTransaction, ids: list[str], user_id: str, *, reopen: bool = True
+    tx: ManagedTransaction, ids: list[str], user_id: str, *, replacing: bool = False
 ) -> tuple[list[str], list[str]]:
-    """Take back what the episodes added to relationships, deleting those nothing supports any more, and
-    (reopen) open again the facts they ended. Returns (deleted, kept) relationship element ids."""
+    """Take back what the episodes added to relationships, deleting those nothing supports any more, and open
+    again the facts they ended. Returns (unsupported, kept) relationship element ids. `replacing` (a
+    re-extraction): the facts ended stay ended, and the unsupported are left for the caller to delete once the
+    new extraction is added (a fact it says again keeps its times and end)."""
     if not ids:
         return [], []
-    if reopen:
-        tx.run(REOPEN_FACTS, ids=ids, user_id=user_id).consume()
+    if not replacing:
+        tx.run(REOPEN_FACTS, ids=ids, user_id=user_id, default_predicate=DEFAULT_PREDICATE).consume()
     rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id, default_predicate=DEFAULT_PREDICATE))
     gone = [r["rid"] for r in rows if r["gone"]]
-    if gone:
+    if gone and not replacing:
         tx.run(DELETE_RELATIONSHIPS, rids=gone).consume()
     return gone, [r["rid"] for r in rows if not r["gone"]]
 

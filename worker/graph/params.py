@@ -205,14 +205,17 @@ def _episode_rows(
                 "description": rel.description,
                 "weight": float(rel.weight),
                 "valid_from": fact_time(rel.valid_from) or episode_time(record),
+                "dated": bool(rel.valid_from),
                 "replaces": replaced.get((source, rel.predicate, target), []),
             }
         else:
             merged["weight"] += float(rel.weight)
             if rel.description:
                 merged["description"] = rel.description
-            if rel.valid_from:
-                merged["valid_from"] = min(merged["valid_from"], fact_time(rel.valid_from) or merged["valid_from"])
+            dated = fact_time(rel.valid_from)
+            if dated is not None:  # the earliest date the conversation gives wins over the episode's time
+                merged["valid_from"] = min(merged["valid_from"], dated) if merged["dated"] else dated
+                merged["dated"] = True
 
     episode = record.model_dump(exclude={"message_spans", "window_vectors", "ended_facts"})
     episode["user_tag"] = tag

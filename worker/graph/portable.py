@@ -53,13 +53,14 @@ RETURN e.id AS id, e.created_at AS at, e {.*, terms: null, user_tag: null, save_
          AS mentions,
        CASE WHEN e.rel_sources IS NULL THEN COLLECT {
          MATCH (e)-[:MENTIONS]->(a:Entity)-[r:RELATED_TO]->(b:Entity) WHERE e.id IN r.episodes
-         RETURN [a.uid, b.uid, r.predicate, r.weight / coalesce(r.support, size(r.episodes)), r.description]
+         RETURN [a.uid, b.uid, coalesce(r.predicate, 'related_to'), r.weight / coalesce(r.support, size(r.episodes)),
+                 r.description]
        } END AS legacy_relationships,
        COLLECT {
          UNWIND range(0, size(coalesce(e.end_sources, [])) - 1) AS i
          MATCH (a:Entity {uid: e.end_sources[i]})-[r:RELATED_TO]->(b:Entity {uid: e.end_targets[i]})
-         WHERE r.predicate = e.end_predicates[i]
-         RETURN [a.key, r.predicate, b.key, CASE WHEN r.ended_by = e.id THEN r.invalid_from END] ORDER BY i
+         WHERE coalesce(r.predicate, 'related_to') = e.end_predicates[i]
+         RETURN [a.key, e.end_predicates[i], b.key, CASE WHEN r.ended_by = e.id THEN r.invalid_from END] ORDER BY i
        } AS ended,
        COLLECT { MATCH (c:Chunk)-[:OF]->(e) RETURN [c.start, c.end] ORDER BY c.seq } AS windows,
        COLLECT { MATCH (c:Chunk)-[:OF]->(e) RETURN c.embedding ORDER BY c.seq } AS vectors
@@ -75,8 +76,9 @@ ORDER BY uid LIMIT $page
 RELATIONSHIPS_PAGE = """
 MATCH (a:Entity {user_id: $user_id})-[r:RELATED_TO]->(b:Entity)
 WHERE a.uid > $after_source OR (a.uid = $after_source AND (b.uid > $after_target
-      OR (b.uid = $after_target AND r.predicate > $after_predicate)))
-RETURN a.uid AS source_uid, b.uid AS target_uid, a.name AS source, b.name AS target, r.predicate AS predicate,
+      OR (b.uid = $after_target AND coalesce(r.predicate, 'related_to') > $after_predicate)))
+RETURN a.uid AS source_uid, b.uid AS target_uid, a.name AS source, b.name AS target,
+       coalesce(r.predicate, 'related_to') AS predicate,
        r.description AS description, r.weight AS weight, coalesce(r.support, size(r.episodes)) AS support,
        r.valid_from AS valid_from, r.invalid_from AS invalid_from, r.ended_by AS ended_by,
        coalesce(r.replaces, []) AS replaces

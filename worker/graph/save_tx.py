@@ -9,6 +9,7 @@ from typing import Any
 from neo4j import ManagedTransaction
 
 from worker.errors import StoreRequestError
+from worker.facts_text import DEFAULT_PREDICATE
 from worker.graph import cypher
 from worker.graph.facts import END_FACTS
 from worker.graph.params import EpisodeWrite, build_save_params
@@ -54,10 +55,10 @@ def save_transaction(
     entity_rows = [row for row in params.entities if row["episode_id"] in created]
     relationship_rows = [row for row in params.relationships if row["episode_id"] in created]
     n_entities = counted(tx, cypher.SAVE_ENTITIES, entity_rows, now)
-    end_rows = [row for row in params.ends if row["episode_id"] in created]
-    if end_rows:  # before the episodes' own facts: a fact said again in the same batch is current again
-        tx.run(END_FACTS, rows=end_rows).consume()
     n_relationships = counted(tx, cypher.SAVE_RELATIONSHIPS, relationship_rows, now)
+    end_rows = [row for row in params.ends if row["episode_id"] in created]
+    if end_rows:  # after the episodes' own facts: an imported batch may hold a fact and what ended it
+        tx.run(END_FACTS, rows=end_rows, default_predicate=DEFAULT_PREDICATE).consume()
     save_chunks(tx, [row for row in params.chunks if row["episode_id"] in created])
     tx.run(cypher.RELEASE_CLAIMS, ids=sorted(created)).consume()
     for episode_id in created:
