@@ -49,7 +49,7 @@ def graph_facts(store: Neo4jGraphStore, user: str) -> dict[str, Any]:
             """,
             u=user,
         ).single(strict=True)
-    return dict(row)
+    return {**dict(row), "names": sorted(row["names"])}  # in a stable order (collect's follows storage)
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:

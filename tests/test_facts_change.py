@@ -237,9 +237,10 @@ def test_back_in_the_old_home_makes_it_current_again_and_a_reextraction_keeps_wh
     standin.default = model_that_ends()
     user = new_user("moves-back")
     porto = extracted(user, "Porto", MARCH, llm_settings, store)
-    for payload in (porto, extracted(user, "Lisbon", JUNE, llm_settings, store)):
-        assert persisted(payload, store) == "persisted"
+    assert persisted(porto, store) == "persisted"
+    assert persisted(extracted(user, "Lisbon", JUNE, llm_settings, store), store) == "persisted"
     ended = facts(store, user)["Porto"]
+    assert ended["invalid_from"].to_native() == JUNE
 
     # A re-extraction of the Porto episode says Porto again: the fact keeps its times and its end.
     record = EpisodeRecord.model_validate(porto["record"]).model_copy(update={"accepted_at": time.time()})

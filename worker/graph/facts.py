@@ -69,6 +69,27 @@ WHERE coalesce(r.predicate, $default_predicate) = e.end_predicates[i] AND r.ende
 SET r.invalid_from = null, r.ended_by = null
 """
 
+# A re-extraction takes back what its episode added (a fact only it supported, or an entity only it mentions,
+# is deleted) and then adds the new extraction: the facts the episode supported keep their times, end and
+# what they replaced when the new extraction says them again.
+FACT_STATES = """
+MATCH (e:Episode {id: $id})
+UNWIND range(0, size(coalesce(e.rel_sources, [])) - 1) AS i
+MATCH (a:Entity {uid: e.rel_sources[i]})-[r:RELATED_TO]->(b:Entity {uid: e.rel_targets[i]})
+WHERE coalesce(r.predicate, $default_predicate) = coalesce(e.rel_predicates[i], $default_predicate)
+RETURN a.uid AS source_uid, b.uid AS target_uid, coalesce(r.predicate, $default_predicate) AS predicate,
+       r.valid_from AS valid_from, r.invalid_from AS invalid_from, r.ended_by AS ended_by, r.replaces AS replaces
+"""
+RESTORE_FACT_STATES = """
+UNWIND $rows AS row
+MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO {predicate: row.predicate}]->(:Entity {uid: row.target_uid})
+SET r.valid_from = CASE WHEN row.valid_from IS NOT NULL AND (r.valid_from IS NULL OR row.valid_from < r.valid_from)
+                        THEN row.valid_from ELSE r.valid_from END,
+    r.invalid_from = coalesce(r.invalid_from, row.invalid_from),
+    r.ended_by = coalesce(r.ended_by, row.ended_by),
+    r.replaces = coalesce(r.replaces, row.replaces)
+"""
+
 # Relationships stored before predicates: the default predicate, once (a mark records that it ran).
 PREDICATES_DONE = "OPTIONAL MATCH (m:SchemaMark {name: 'relationship_predicates'}) RETURN m IS NOT NULL AS done"
 SET_PREDICATES = f"""

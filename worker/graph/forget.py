@@ -114,7 +114,7 @@ SET r.weight = CASE WHEN support <= times THEN 0.0 ELSE r.weight - given END,
 RETURN elementId(r) AS rid, support - times <= 0 AS gone
 """
 
-DELETE_RELATIONSHIPS = "UNWIND $rids AS rid MATCH ()-[r]->() WHERE elementId(r) = rid AND r.support <= 0 DELETE r"
+DELETE_RELATIONSHIPS = "UNWIND $rids AS rid MATCH ()-[r]->() WHERE elementId(r) = rid DELETE r"
 
 # A remaining relationship's description: the latest remaining episode (of its list) that gave one; none
 # (or only episodes saved before these records): '' so that no words of a forgotten episode stay.
@@ -176,19 +176,17 @@ RETURN count(*) AS n
 
 
 def take_back_relationships(
-    tx: ManagedTransaction, ids: list[str], user_id: str, *, replacing: bool = False
+    tx: ManagedTransaction, ids: list[str], user_id: str, *, reopen: bool = True
 ) -> tuple[list[str], list[str]]:
-    """Take back what the episodes added to relationships, deleting those nothing supports any more, and open
-    again the facts they ended. Returns (unsupported, kept) relationship element ids. `replacing` (a
-    re-extraction): the facts ended stay ended, and the unsupported are left for the caller to delete once the
-    new extraction is added (a fact it says again keeps its times and end)."""
+    """Take back what the episodes added to relationships, deleting those nothing supports any more, and
+    (reopen) open again the facts they ended. Returns (deleted, kept) relationship element ids."""
     if not ids:
         return [], []
-    if not replacing:
+    if reopen:
         tx.run(REOPEN_FACTS, ids=ids, user_id=user_id, default_predicate=DEFAULT_PREDICATE).consume()
     rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id, default_predicate=DEFAULT_PREDICATE))
     gone = [r["rid"] for r in rows if r["gone"]]
-    if gone and not replacing:
+    if gone:
         tx.run(DELETE_RELATIONSHIPS, rids=gone).consume()
     return gone, [r["rid"] for r in rows if not r["gone"]]
 

@@ -18,13 +18,10 @@ from typing import Any
 from neo4j import ManagedTransaction
 
 from worker.errors import StoreRequestError
+from worker.facts_text import DEFAULT_PREDICATE
 from worker.graph.errors import translated
-from worker.graph.forget import (
-    DELETE_RELATIONSHIPS,
-    TAKE_BACK_MENTIONS,
-    redescribe_relationships,
-    take_back_relationships,
-)
+from worker.graph.facts import FACT_STATES, RESTORE_FACT_STATES
+from worker.graph.forget import TAKE_BACK_MENTIONS, redescribe_relationships, take_back_relationships
 from worker.graph.params import EpisodeWrite, build_save_params
 from worker.graph.parts import StorePart
 from worker.graph.save_tx import counted
@@ -153,7 +150,8 @@ def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, n
     if record.extraction == "degraded" and stored["extraction"] != "degraded":
         return SaveResult(episode_id=record.id, created=False, outcome="exists")  # never trade memory for nothing
     ids, user_id = [record.id], record.user_id
-    unsupported, kept = take_back_relationships(tx, ids, user_id, replacing=True)
+    facts = [dict(r) for r in tx.run(FACT_STATES, id=record.id, default_predicate=DEFAULT_PREDICATE)]
+    _, kept = take_back_relationships(tx, ids, user_id, reopen=False)
     taken = tx.run(MENTIONED, ids=ids).single(strict=True)
     tx.run(TAKE_BACK_MENTIONS, ids=ids, user_id=user_id).consume()
     params = build_save_params([write])
@@ -162,8 +160,8 @@ def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, n
     n_entities = counted(tx, REPLACE_ENTITIES, params.entities, now).get(record.id, 0)
     added = list(tx.run(REPLACE_RELATIONSHIPS, rows=params.relationships)) if params.relationships else []
     n_relationships = sum(int(r["n"]) for r in added)
-    if unsupported:  # those the new extraction did not say again
-        tx.run(DELETE_RELATIONSHIPS, rids=unsupported).consume()
+    if facts:  # a fact the new extraction says again keeps its times and its end, even if it was deleted
+        tx.run(RESTORE_FACT_STATES, rows=facts).consume()
     touched = sorted(set(kept) | {rid for r in added for rid in r["rids"]})
     if touched:
         redescribe_relationships(tx, touched)
