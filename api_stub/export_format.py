@@ -135,6 +135,11 @@ class RelationshipLine(_Line):
     invalid_from: AwareDatetime | None = None
     ended_by: Identifier | None = None
     replaces: list[str] = Field(default_factory=list, max_length=1_000)
+    # Made current again after it ended: by which episode, and what it was before (forgetting that one puts it back).
+    reopened_by: Identifier | None = None
+    before_valid_from: AwareDatetime | None = None
+    before_invalid_from: AwareDatetime | None = None
+    before_ended_by: Identifier | None = None
 
 
 class SessionLine(_Line):

@@ -281,9 +281,7 @@ def _detail_row(line: BaseModel, user_id: str) -> dict[str, Any]:
         return {
             "source_uid": entity_uid(user_id, entity_key(line.source)),
             "target_uid": entity_uid(user_id, entity_key(line.target)),
-            **line.model_dump(
-                include={"predicate", "description", "support", "valid_from", "invalid_from", "ended_by", "replaces"}
-            ),
+            **line.model_dump(exclude={"kind", "source", "target", "weight"}),
         }
     assert isinstance(line, SessionLine)
     key = progress_key(user_id, line.session_id)

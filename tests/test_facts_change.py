@@ -90,7 +90,7 @@ def facts(store: Neo4jGraphStore, user: str) -> dict[str, dict[str, Any]]:
             """
             MATCH (a:Entity {user_id: $u})-[r:RELATED_TO]->(b:Entity)
             RETURN b.name AS target, r {.predicate, .weight, .support, .valid_from, .invalid_from, .ended_by,
-                                        .replaces, .episodes} AS fact
+                                        .replaces, .episodes, .reopened_by} AS fact
             """,
             u=user,
         )
@@ -254,6 +254,7 @@ def test_back_in_the_old_home_makes_it_current_again_and_a_reextraction_keeps_wh
         ended["valid_from"],
     )
 
+    facts_before_back = facts(store, user)
     august = datetime(2026, 8, 10, tzinfo=UTC)
     back = extracted(user, "Porto", august, llm_settings, store, said="We are back in Porto for good.")
     assert "f1: user lives_in Lisbon" in standin.requests[-1]["messages"][-1]["content"]
@@ -261,10 +262,18 @@ def test_back_in_the_old_home_makes_it_current_again_and_a_reextraction_keeps_wh
     now = facts(store, user)
     assert (now["Porto"]["invalid_from"], now["Porto"]["valid_from"].to_native()) == (None, august)
     assert now["Lisbon"]["invalid_from"].to_native() == august
+    assert now["Porto"]["replaces"] == [json.dumps(["user", "lives_in", "lisbon"])]
     assert relations(client.retrieve_memory(user, "where do I live")) == [
         ("Porto", "lives_in", True),
         ("Lisbon", "lives_in", False),
     ]
+
+    # Forgetting the way back puts both as they were before it: Porto ended in June, Lisbon current.
+    client.forget_episode(user, back["episode_id"])
+    assert facts(store, user) == {
+        "Porto": {**again, "replaces": None, "reopened_by": None},
+        "Lisbon": facts_before_back["Lisbon"],
+    }
 
 
 def test_the_offline_extractor_reads_no_facts_and_ends_none(
@@ -299,21 +308,27 @@ def test_export_and_import_keep_predicates_times_and_what_ended_what(
 ) -> None:
     standin.default = model_that_ends()
     user = new_user("moves-export")
-    for city, when in (("Porto", MARCH), ("Lisbon", JUNE)):
-        assert persisted(extracted(user, city, when, llm_settings, store), store) == "persisted"
+    august = datetime(2026, 8, 10, tzinfo=UTC)
+    for city, when, said in (("Porto", MARCH, None), ("Lisbon", JUNE, None), ("Porto", august, "Back in Porto.")):
+        assert persisted(extracted(user, city, when, llm_settings, store, said), store) == "persisted"
     before = export(client, user)
     assert before[0]["version"] == 2
     porto = next(line for line in before if line["kind"] == "relationship" and line["target"] == "Porto")
-    assert (porto["predicate"], porto["invalid_from"]) == ("lives_in", "2026-06-10T00:00:00Z")
+    assert (porto["predicate"], porto["invalid_from"], porto["valid_from"]) == (
+        "lives_in",
+        None,
+        "2026-08-10T00:00:00Z",
+    )
+    assert (porto["before_invalid_from"], porto["reopened_by"] is not None) == ("2026-06-10T00:00:00Z", True)
     recalled = client.retrieve_memory(user, "where do I live")
     client.forget_user(user)
     client.import_memory(write(tmp_path / "moves.jsonl", before))
     assert comparable(export(client, user)) == comparable(before)
     assert relations(client.retrieve_memory(user, "where do I live")) == relations(recalled)
-    # Forgetting the move after the import opens the old home again, as before the move.
-    lisbon_episode = next(line["id"] for line in before if line["kind"] == "episode" and "Lisbon" in line["content"])
-    client.forget_episode(user, lisbon_episode)
-    assert facts(store, user)["Porto"]["invalid_from"] is None
+    # Forgetting the way back after the import puts Porto back as ended in June, Lisbon current.
+    client.forget_episode(user, porto["reopened_by"])
+    after = facts(store, user)
+    assert after["Porto"]["invalid_from"].to_native() == JUNE and after["Lisbon"]["invalid_from"] is None
 
 
 def test_relationships_stored_before_predicates_get_the_default_and_merge_with_new_saves(

@@ -49,24 +49,43 @@ CURRENT_FACTS = _SEEDS_NAMED + _FACTS
 CURRENT_FACTS_OF_USER = _SEEDS_NONE + _FACTS
 
 # In the save transaction, after the episodes' own relationships (an import saves the fact and the episode
-# that ended it in one batch): a fact still current, that started no later than the end, ends. A fact gone
-# (forgotten) or already ended is left as it is. A predicate of null: stored by a version before predicates.
+# that ended it in one batch): a fact still current, that started no later than the end, ends, and the fact
+# that replaces it (when one does) lists it in `replaces`. A fact gone (forgotten) or already ended is left
+# as it is. A predicate of null: stored by a version before predicates.
 END_FACTS = """
 UNWIND $rows AS row
 MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO]->(:Entity {uid: row.target_uid})
 WHERE r.user_id = row.user_id AND coalesce(r.predicate, $default_predicate) = row.predicate
   AND r.invalid_from IS NULL AND coalesce(r.valid_from <= row.at, true)
 SET r.invalid_from = row.at, r.ended_by = row.episode_id
+WITH row WHERE row.by_source_uid IS NOT NULL
+MATCH (:Entity {uid: row.by_source_uid})-[n:RELATED_TO]->(:Entity {uid: row.by_target_uid})
+WHERE coalesce(n.predicate, $default_predicate) = row.by_predicate AND NOT row.key IN coalesce(n.replaces, [])
+SET n.replaces = coalesce(n.replaces, []) + row.key
 """
 
-# Forgetting an episode opens again the facts it ended (and only those it ended).
+# Forgetting an episode takes back what it did to facts: the facts it ended are current again, its facts no
+# longer list them as replaced, and a fact it made current again is put back as it was before.
 REOPEN_FACTS = """
 UNWIND $ids AS id
-MATCH (e:Episode {id: id}) WHERE e.user_id = $user_id AND e.end_sources IS NOT NULL
-UNWIND range(0, size(e.end_sources) - 1) AS i
-MATCH (:Entity {uid: e.end_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.end_targets[i]})
-WHERE coalesce(r.predicate, $default_predicate) = e.end_predicates[i] AND r.ended_by = id
-SET r.invalid_from = null, r.ended_by = null
+MATCH (e:Episode {id: id}) WHERE e.user_id = $user_id
+CALL (e) {
+  UNWIND range(0, size(coalesce(e.end_sources, [])) - 1) AS i
+  MATCH (:Entity {uid: e.end_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.end_targets[i]})
+  WHERE coalesce(r.predicate, $default_predicate) = e.end_predicates[i] AND r.ended_by = e.id
+  SET r.invalid_from = null, r.ended_by = null
+}
+CALL (e) {
+  UNWIND range(0, size(coalesce(e.rel_sources, [])) - 1) AS i
+  MATCH (:Entity {uid: e.rel_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.rel_targets[i]})
+  WHERE coalesce(r.predicate, $default_predicate) = coalesce(e.rel_predicates[i], $default_predicate)
+  WITH r, e.id = r.reopened_by AS undo, [k IN coalesce(r.replaces, []) WHERE NOT k IN coalesce(e.end_keys, [])] AS kept
+  SET r.replaces = CASE WHEN size(kept) = 0 THEN null ELSE kept END,
+      r.valid_from = CASE WHEN undo THEN r.before_valid_from ELSE r.valid_from END,
+      r.invalid_from = CASE WHEN undo THEN r.before_invalid_from ELSE r.invalid_from END,
+      r.ended_by = CASE WHEN undo THEN r.before_ended_by ELSE r.ended_by END,
+      r.reopened_by = CASE WHEN undo THEN null ELSE r.reopened_by END
+}
 """
 
 # A re-extraction takes back what its episode added (a fact only it supported, or an entity only it mentions,
@@ -78,16 +97,22 @@ UNWIND range(0, size(coalesce(e.rel_sources, [])) - 1) AS i
 MATCH (a:Entity {uid: e.rel_sources[i]})-[r:RELATED_TO]->(b:Entity {uid: e.rel_targets[i]})
 WHERE coalesce(r.predicate, $default_predicate) = coalesce(e.rel_predicates[i], $default_predicate)
 RETURN a.uid AS source_uid, b.uid AS target_uid, coalesce(r.predicate, $default_predicate) AS predicate,
-       r.valid_from AS valid_from, r.invalid_from AS invalid_from, r.ended_by AS ended_by, r.replaces AS replaces
+       r {.valid_from, .invalid_from, .ended_by, .replaces, .reopened_by, .before_valid_from, .before_invalid_from,
+          .before_ended_by} AS state
 """
 RESTORE_FACT_STATES = """
 UNWIND $rows AS row
 MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO {predicate: row.predicate}]->(:Entity {uid: row.target_uid})
-SET r.valid_from = CASE WHEN row.valid_from IS NOT NULL AND (r.valid_from IS NULL OR row.valid_from < r.valid_from)
-                        THEN row.valid_from ELSE r.valid_from END,
-    r.invalid_from = coalesce(r.invalid_from, row.invalid_from),
-    r.ended_by = coalesce(r.ended_by, row.ended_by),
-    r.replaces = coalesce(r.replaces, row.replaces)
+WITH r, row.state AS was
+SET r.valid_from = CASE WHEN was.valid_from IS NOT NULL AND (r.valid_from IS NULL OR was.valid_from < r.valid_from)
+                        THEN was.valid_from ELSE r.valid_from END,
+    r.invalid_from = coalesce(r.invalid_from, was.invalid_from),
+    r.ended_by = coalesce(r.ended_by, was.ended_by),
+    r.replaces = coalesce(r.replaces, was.replaces),
+    r.reopened_by = coalesce(r.reopened_by, was.reopened_by),
+    r.before_valid_from = coalesce(r.before_valid_from, was.before_valid_from),
+    r.before_invalid_from = coalesce(r.before_invalid_from, was.before_invalid_from),
+    r.before_ended_by = coalesce(r.before_ended_by, was.before_ended_by)
 """
 
 # Relationships stored before predicates: the default predicate, once (a mark records that it ran).

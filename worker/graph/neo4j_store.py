@@ -371,7 +371,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
                 )
                 for n in entities
             ],
-            related_relations=[RelationHit(**_native(r)) for r in row["relations"]],
+            related_relations=[RelationHit(**{**r, **_times(r)}) for r in row["relations"]],
         )
 
     # --- erase, health, counts ---------------------------------------------------------------------
@@ -401,3 +401,11 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
             return []
         with translated("bare_fulltext"), self._read_session() as session:
             return [r["id"] for r in session.run(cypher.BARE_FULLTEXT, lucene=query, k=k)]
+
+
+def _times(relation: dict[str, Any]) -> dict[str, datetime | None]:
+    """A relation's times, read as epoch milliseconds (cypher.DETAILS), as datetimes."""
+    return {
+        k: None if relation.get(k) is None else datetime.fromtimestamp(relation[k] / 1000, UTC)
+        for k in ("valid_from", "invalid_from")
+    }

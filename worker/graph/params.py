@@ -61,17 +61,29 @@ def episode_time(record: EpisodeRecord) -> datetime:
 def end_rows(record: EpisodeRecord) -> list[dict[str, Any]]:
     """The known facts the episode's extraction ended, as END_FACTS rows (ended at the replacing fact's
     valid_from, else at the episode's time)."""
-    return [
-        {
-            "episode_id": record.id,
-            "user_id": record.user_id,
-            "source_uid": entity_uid(record.user_id, end.source_key),
-            "predicate": end.predicate,
-            "target_uid": entity_uid(record.user_id, end.target_key),
-            "at": end.at or episode_time(record),
-        }
-        for end in record.ended_facts
-    ]
+    rows = []
+    for end in record.ended_facts:
+        by = end.replaced_by if len(end.replaced_by) == 3 else None
+        rows.append(
+            {
+                "episode_id": record.id,
+                "user_id": record.user_id,
+                "source_uid": entity_uid(record.user_id, end.source_key),
+                "predicate": end.predicate,
+                "target_uid": entity_uid(record.user_id, end.target_key),
+                "at": end.at or episode_time(record),
+                "key": fact_key(end.source_key, end.predicate, end.target_key),
+                "by_source_uid": entity_uid(record.user_id, by[0]) if by else None,
+                "by_predicate": by[1] if by else None,
+                "by_target_uid": entity_uid(record.user_id, by[2]) if by else None,
+            }
+        )
+    return rows
+
+
+def fact_key(source_key: str, predicate: str, target_key: str) -> str:
+    """How a fact names another in `replaces`: by entity keys, so it reads the same for any user id."""
+    return json.dumps([source_key, predicate, target_key], ensure_ascii=False)
 
 
 def window_texts(content: str, spans: Sequence[tuple[int, int]]) -> list[str]:
@@ -185,12 +197,6 @@ def _episode_rows(
     for entity in entities:
         add(entity.name, entity.type, entity.description)
 
-    replaced: dict[tuple[str, ...], list[str]] = {}
-    for end in record.ended_facts:
-        if end.replaced_by:
-            replaced.setdefault(end.replaced_by, []).append(
-                json.dumps([end.source_key, end.predicate, end.target_key], ensure_ascii=False)
-            )
     rels: dict[tuple[str, str, str], dict[str, Any]] = {}
     for rel in relationships:
         source, target = add(rel.source, "", ""), add(rel.target, "", "")
@@ -206,7 +212,6 @@ def _episode_rows(
                 "weight": float(rel.weight),
                 "valid_from": fact_time(rel.valid_from) or episode_time(record),
                 "dated": bool(rel.valid_from),
-                "replaces": replaced.get((source, rel.predicate, target), []),
             }
         else:
             merged["weight"] += float(rel.weight)
@@ -231,5 +236,6 @@ def _episode_rows(
     episode["end_sources"] = [r["source_uid"] for r in ends]
     episode["end_predicates"] = [r["predicate"] for r in ends]
     episode["end_targets"] = [r["target_uid"] for r in ends]
+    episode["end_keys"] = [r["key"] for r in ends]
     episode["terms"] = indexed(f"{record.summary}\n{record.content or ''}")  # as reindex_rows does
     return episode, list(by_key.values()), list(rels.values())

@@ -81,7 +81,8 @@ RETURN a.uid AS source_uid, b.uid AS target_uid, a.name AS source, b.name AS tar
        coalesce(r.predicate, 'related_to') AS predicate,
        r.description AS description, r.weight AS weight, coalesce(r.support, size(r.episodes)) AS support,
        r.valid_from AS valid_from, r.invalid_from AS invalid_from, r.ended_by AS ended_by,
-       coalesce(r.replaces, []) AS replaces
+       coalesce(r.replaces, []) AS replaces, r.reopened_by AS reopened_by, r.before_valid_from AS before_valid_from,
+       r.before_invalid_from AS before_invalid_from, r.before_ended_by AS before_ended_by
 ORDER BY source_uid, target_uid, predicate LIMIT $page
 """
 
@@ -113,7 +114,9 @@ MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO {predicate: row.predicate}]-
 WHERE r.user_id = $user_id AND r.support = row.support
 SET r.description = row.description, r.valid_from = coalesce(row.valid_from, r.valid_from),
     r.invalid_from = row.invalid_from, r.ended_by = row.ended_by,
-    r.replaces = CASE WHEN size(row.replaces) = 0 THEN null ELSE row.replaces END
+    r.replaces = CASE WHEN size(row.replaces) = 0 THEN null ELSE row.replaces END,
+    r.reopened_by = row.reopened_by, r.before_valid_from = row.before_valid_from,
+    r.before_invalid_from = row.before_invalid_from, r.before_ended_by = row.before_ended_by
 RETURN count(r) AS n
 """
 
