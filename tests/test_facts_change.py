@@ -41,7 +41,7 @@ from worker.settings import Settings
 
 NewUser = Callable[[str], str]
 CITIES = ("Porto", "Lisbon")
-MARCH, APRIL, JUNE = (datetime(2026, m, 10, tzinfo=UTC) for m in (3, 4, 6))
+MARCH, APRIL, JUNE, AUGUST = (datetime(2026, m, 10, tzinfo=UTC) for m in (3, 4, 6, 8))
 SAID = {
     "Porto": [{"role": "user", "content": "I live in Porto, in a flat near the river."}],
     "Lisbon": [{"role": "user", "content": "Big news: we moved to Lisbon last week."}],
@@ -90,7 +90,8 @@ def facts(store: Neo4jGraphStore, user: str) -> dict[str, dict[str, Any]]:
             """
             MATCH (a:Entity {user_id: $u})-[r:RELATED_TO]->(b:Entity)
             RETURN b.name AS target, r {.predicate, .weight, .support, .valid_from, .invalid_from, .ended_by,
-                                        .replaces, .episodes, .reopened_by} AS fact
+                                        .replaces, .episodes, .reopened_by, .before_valid_from,
+                                        .before_invalid_from, .before_ended_by} AS fact
             """,
             u=user,
         )
@@ -150,10 +151,16 @@ def test_a_move_ends_the_old_home_through_the_workers_and_recall_answers_now_and
 
 
 def extracted(
-    user: str, city: str, when: datetime, settings: Settings, store: Neo4jGraphStore, said: str | None = None
+    user: str,
+    city: str,
+    when: datetime,
+    settings: Settings,
+    store: Neo4jGraphStore,
+    said: str | None = None,
+    session: str | None = None,
 ) -> dict[str, Any]:
     messages = [{"role": "user", "content": said}] if said else SAID[city]
-    episode = build_episode(user, when.isoformat(), messages, limits=Limits(), occurred_at=when)
+    episode = build_episode(user, session or when.isoformat(), messages, limits=Limits(), occurred_at=when)
     return extract_stage(episode_payload(episode), settings=settings, store=store, llm=None)
 
 
@@ -268,12 +275,105 @@ def test_back_in_the_old_home_makes_it_current_again_and_a_reextraction_keeps_wh
         ("Lisbon", "lives_in", False),
     ]
 
+    assert (now["Porto"]["before_invalid_from"].to_native(), now["Porto"]["reopened_by"]) == (JUNE, back["episode_id"])
+
     # Forgetting the way back puts both as they were before it: Porto ended in June, Lisbon current.
     client.forget_episode(user, back["episode_id"])
-    assert facts(store, user) == {
-        "Porto": {**again, "replaces": None, "reopened_by": None},
-        "Lisbon": facts_before_back["Lisbon"],
-    }
+    assert facts(store, user) == {"Porto": again, "Lisbon": facts_before_back["Lisbon"]}
+
+
+def chain(user: str, settings: Settings, store: Neo4jGraphStore, session: str | None = None) -> list[str]:
+    """Porto (March), Lisbon (June, ends Porto), back in Porto (August, ends Lisbon): their episode ids."""
+    ids = []
+    for city, when, said in (("Porto", MARCH, None), ("Lisbon", JUNE, None), ("Porto", AUGUST, "Back in Porto.")):
+        payload = extracted(user, city, when, settings, store, said, session=session)
+        assert persisted(payload, store) == "persisted"
+        ids.append(str(payload["episode_id"]))
+    return ids
+
+
+def test_as_of_inside_the_earlier_period_of_a_fact_made_current_again(
+    standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser
+) -> None:
+    standin.default = model_that_ends()
+    user = new_user("moves-periods")
+    chain(user, llm_settings, store)
+    april = client.retrieve_memory(user, "where do I live", as_of=APRIL)
+    assert [(r.target, r.current, r.valid_from, r.invalid_from) for r in april.related_relations] == [
+        ("Porto", True, MARCH, JUNE)
+    ]
+    july = client.retrieve_memory(user, "where do I live", as_of=datetime(2026, 7, 10, tzinfo=UTC))
+    assert [(r.target, r.current) for r in july.related_relations] == [("Lisbon", True), ("Porto", False)]
+
+
+def test_forgetting_the_move_after_the_way_back_then_the_way_back_leaves_porto_current_and_no_trace(
+    standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser
+) -> None:
+    standin.default = model_that_ends()
+    user = new_user("moves-forget-middle")
+    _, lisbon, back = chain(user, llm_settings, store)
+    client.forget_episode(user, lisbon)
+    porto = facts(store, user)["Porto"]
+    assert (porto["before_invalid_from"], porto["before_ended_by"], porto["replaces"]) == (None, None, None)
+    client.forget_episode(user, back)
+    porto = facts(store, user)["Porto"]
+    assert (porto["valid_from"].to_native(), porto["invalid_from"], porto["ended_by"]) == (MARCH, None, None)
+    assert all(porto[k] is None for k in ("reopened_by", "before_valid_from", "before_invalid_from"))
+
+
+def test_forgetting_a_session_undoes_the_way_back_before_it_opens_what_the_move_ended(
+    standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser
+) -> None:
+    standin.default = model_that_ends()
+    user = new_user("moves-session")
+    porto = extracted(user, "Porto", MARCH, llm_settings, store)
+    assert persisted(porto, store) == "persisted"
+    for city, when, said in (("Lisbon", JUNE, None), ("Porto", AUGUST, "Back in Porto.")):
+        payload = extracted(user, city, when, llm_settings, store, said, session="travels")
+        assert persisted(payload, store) == "persisted"
+    client.forget_session(user, "travels")
+    assert set(facts(store, user)) == {"Porto"}
+    kept = facts(store, user)["Porto"]
+    assert (kept["valid_from"].to_native(), kept["invalid_from"], kept["ended_by"], kept["reopened_by"]) == (
+        MARCH,
+        None,
+        None,
+        None,
+    )
+
+
+def test_two_ways_back_saved_in_one_batch_apply_in_time_order_and_a_deleted_fact_leaves_no_replaces(
+    standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser
+) -> None:
+    standin.default = model_that_ends()
+    user = new_user("moves-batch")
+    first = extracted(user, "Porto", MARCH, llm_settings, store)
+    assert persisted(first, store) == "persisted"
+    assert persisted(extracted(user, "Lisbon", JUNE, llm_settings, store), store) == "persisted"
+    september = datetime(2026, 9, 10, tzinfo=UTC)
+    ways_back = [
+        extracted(user, "Porto", when, llm_settings, store, said=f"Back in Porto ({when:%B}).")
+        for when in (september, AUGUST)
+    ]
+    writes = [
+        (
+            EpisodeRecord.model_validate(p["record"]),
+            [Entity.model_validate(e) for e in p["entities"]],
+            [Relationship.model_validate(r) for r in p["relationships"]],
+        )
+        for p in ways_back
+    ]
+    assert [r.outcome for r in store.save_episodes(writes, {})] == ["created", "created"]
+    stored = facts(store, user)
+    august_id = ways_back[1]["episode_id"]
+    assert (stored["Porto"]["valid_from"].to_native(), stored["Porto"]["reopened_by"]) == (AUGUST, august_id)
+    assert (stored["Lisbon"]["invalid_from"].to_native(), stored["Lisbon"]["ended_by"]) == (AUGUST, august_id)
+    assert stored["Porto"]["replaces"] == [json.dumps(["user", "lives_in", "lisbon"])]
+
+    client.forget_episode(user, first["episode_id"])  # Porto stays (the ways back support it)
+    client.forget_episode(user, ways_back[0]["episode_id"])
+    client.forget_episode(user, august_id)  # Porto goes: Lisbon no longer lists it as replaced
+    assert set(facts(store, user)) == {"Lisbon"} and facts(store, user)["Lisbon"]["replaces"] is None
 
 
 def test_the_offline_extractor_reads_no_facts_and_ends_none(

@@ -91,31 +91,35 @@ RETURN row.episode_id AS id, count(n) AS n
 
 # A fact is keyed by its ends and predicate (worker/graph/facts.py). Said again after it ended, by an episode
 # that dates it from the end on, it is current again from then; what it was before is kept (before_*,
-# reopened_by), so that forgetting that episode puts it back.
+# reopened_by), so that forgetting that episode puts it back. One row at a time (a subquery each: a row reads
+# what the rows before it wrote), in time order within a fact (params.py).
 SAVE_RELATIONSHIPS = """
 UNWIND $rows AS row
-MATCH (a:Entity {uid: row.source_uid})
-MATCH (b:Entity {uid: row.target_uid})
-MERGE (a)-[r:RELATED_TO {predicate: row.predicate}]->(b)
-ON CREATE SET r.user_id = row.user_id, r.weight = 0.0, r.episodes = [], r.description = '',
-              r.valid_from = row.valid_from
-WITH r, row, r.invalid_from IS NOT NULL AND row.valid_from >= r.invalid_from AS again,
-     r.valid_from AS valid_from, r.invalid_from AS invalid_from, r.ended_by AS ended_by
-// support: how many episodes add to it (the list of their ids keeps only the last 50); a relationship from
-// before the counter starts from that list
-SET r.support = coalesce(r.support, size(r.episodes)) + 1,
-    r.weight = r.weight + row.weight,
-    r.description = CASE WHEN row.description <> '' THEN row.description ELSE r.description END,
-    r.episodes = (r.episodes + row.episode_id)[-50..],
-    r.updated_at = $now,
-    r.valid_from = CASE WHEN again OR valid_from IS NULL OR row.valid_from < valid_from
-                        THEN row.valid_from ELSE valid_from END,
-    r.invalid_from = CASE WHEN again THEN null ELSE invalid_from END,
-    r.ended_by = CASE WHEN again THEN null ELSE ended_by END,
-    r.reopened_by = CASE WHEN again THEN row.episode_id ELSE r.reopened_by END,
-    r.before_valid_from = CASE WHEN again THEN valid_from ELSE r.before_valid_from END,
-    r.before_invalid_from = CASE WHEN again THEN invalid_from ELSE r.before_invalid_from END,
-    r.before_ended_by = CASE WHEN again THEN ended_by ELSE r.before_ended_by END
+CALL (row) {
+  MATCH (a:Entity {uid: row.source_uid})
+  MATCH (b:Entity {uid: row.target_uid})
+  MERGE (a)-[r:RELATED_TO {predicate: row.predicate}]->(b)
+  ON CREATE SET r.user_id = row.user_id, r.weight = 0.0, r.episodes = [], r.description = '',
+                r.valid_from = row.valid_from
+  WITH r, row, r.invalid_from IS NOT NULL AND row.valid_from >= r.invalid_from AS again,
+       r.valid_from AS valid_from, r.invalid_from AS invalid_from, r.ended_by AS ended_by
+  // support: how many episodes add to it (the list of their ids keeps only the last 50); a relationship from
+  // before the counter starts from that list
+  SET r.support = coalesce(r.support, size(r.episodes)) + 1,
+      r.weight = r.weight + row.weight,
+      r.description = CASE WHEN row.description <> '' THEN row.description ELSE r.description END,
+      r.episodes = (r.episodes + row.episode_id)[-50..],
+      r.updated_at = $now,
+      r.valid_from = CASE WHEN again OR valid_from IS NULL OR row.valid_from < valid_from
+                          THEN row.valid_from ELSE valid_from END,
+      r.invalid_from = CASE WHEN again THEN null ELSE invalid_from END,
+      r.ended_by = CASE WHEN again THEN null ELSE ended_by END,
+      r.reopened_by = CASE WHEN again THEN row.episode_id ELSE r.reopened_by END,
+      r.before_valid_from = CASE WHEN again THEN valid_from ELSE r.before_valid_from END,
+      r.before_invalid_from = CASE WHEN again THEN invalid_from ELSE r.before_invalid_from END,
+      r.before_ended_by = CASE WHEN again THEN ended_by ELSE r.before_ended_by END
+  RETURN r
+}
 RETURN row.episode_id AS id, count(r) AS n
 """
 
@@ -297,7 +301,8 @@ WITH episodes, mentioned,
 CALL (mentioned, seeds) {
   UNWIND seeds AS a
   MATCH (a)-[r:RELATED_TO]-(b)  // RELATED_TO only joins entities of one user (checked again in Python)
-  WHERE r.user_id = $user_id AND ($as_of IS NULL OR coalesce(r.valid_from <= $as_of, true))
+  WHERE r.user_id = $user_id
+    AND ($as_of IS NULL OR coalesce(r.valid_from <= $as_of, true) OR coalesce(r.before_valid_from <= $as_of, false))
   WITH r, b, b IN mentioned AS inner
   ORDER BY r.weight DESC, b.uid
   WITH collect(DISTINCT CASE WHEN NOT inner THEN b END)[..$max_neighbours] AS neighbours,
@@ -306,17 +311,22 @@ CALL (mentioned, seeds) {
 }
 WITH episodes, mentioned, neighbours, kept
 // facts current (as of $as_of, else now) first and marked; with $as_of, facts not yet true then are left out
-// (their neighbours too, above); without it, a fact dated in the future is kept, not current
+// (their neighbours too, above), and a fact made current again answers with its earlier period when $as_of
+// falls in it; without $as_of, a fact dated in the future is kept, not current
 CALL (kept) {
   UNWIND kept AS r
   WITH DISTINCT r, coalesce($as_of, datetime()) AS at
-  WITH r, coalesce(r.valid_from <= at, true) AND coalesce(r.invalid_from > at, true) AS current
+  WITH r, $as_of IS NOT NULL AND NOT coalesce(r.valid_from <= at, true)
+          AND coalesce(r.before_valid_from <= at, false) AS earlier, at
+  WITH r, earlier, CASE WHEN earlier THEN r.before_valid_from ELSE r.valid_from END AS valid_from,
+       CASE WHEN earlier THEN r.before_invalid_from ELSE r.invalid_from END AS invalid_from, at
+  WITH r, valid_from, invalid_from, coalesce(valid_from <= at, true) AND coalesce(invalid_from > at, true) AS current
   ORDER BY current DESC, r.weight DESC, startNode(r).uid, endNode(r).uid, r.predicate
   LIMIT $max_relations
   RETURN collect({user_id: r.user_id, source: startNode(r).name, target: endNode(r).name,
                   predicate: coalesce(r.predicate, 'related_to'), description: r.description, weight: r.weight,
                   // times as epoch milliseconds: decoding DateTime values cost recall 1.5 ms (measured)
-                  valid_from: r.valid_from.epochMillis, invalid_from: r.invalid_from.epochMillis,
+                  valid_from: valid_from.epochMillis, invalid_from: invalid_from.epochMillis,
                   current: current}) AS relations
 }
 RETURN episodes,

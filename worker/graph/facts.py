@@ -54,43 +54,73 @@ CURRENT_FACTS_OF_USER = _SEEDS_NONE + _FACTS
 # as it is. A predicate of null: stored by a version before predicates.
 END_FACTS = """
 UNWIND $rows AS row
-MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO]->(:Entity {uid: row.target_uid})
-WHERE r.user_id = row.user_id AND coalesce(r.predicate, $default_predicate) = row.predicate
-  AND r.invalid_from IS NULL AND coalesce(r.valid_from <= row.at, true)
-SET r.invalid_from = row.at, r.ended_by = row.episode_id
-WITH row WHERE row.by_source_uid IS NOT NULL
-MATCH (:Entity {uid: row.by_source_uid})-[n:RELATED_TO]->(:Entity {uid: row.by_target_uid})
-WHERE coalesce(n.predicate, $default_predicate) = row.by_predicate AND NOT row.key IN coalesce(n.replaces, [])
-SET n.replaces = coalesce(n.replaces, []) + row.key
+CALL (row) {
+  MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO]->(:Entity {uid: row.target_uid})
+  WHERE r.user_id = row.user_id AND coalesce(r.predicate, $default_predicate) = row.predicate
+    AND r.invalid_from IS NULL AND coalesce(r.valid_from <= row.at, true)
+  SET r.invalid_from = row.at, r.ended_by = row.episode_id
+  WITH row WHERE row.by_source_uid IS NOT NULL
+  MATCH (:Entity {uid: row.by_source_uid})-[n:RELATED_TO]->(:Entity {uid: row.by_target_uid})
+  WHERE coalesce(n.predicate, $default_predicate) = row.by_predicate AND NOT row.key IN coalesce(n.replaces, [])
+  SET n.replaces = coalesce(n.replaces, []) + row.key
+}
 """
 
-# Forgetting an episode takes back what it did to facts: the facts it ended are current again, its facts no
-# longer list them as replaced, and a fact it made current again is put back as it was before.
-REOPEN_FACTS = """
+# Forgetting an episode takes back what it did to facts, in this order (when a session is forgotten, a fact
+# one of its episodes ended and a later one made current again is first put back as ended, then opened):
+# - UNDO_REOPENINGS: a fact it made current again is put back as it was (its before_* go); its facts no
+#   longer list what it ended in `replaces` (a re-extraction runs this step alone, before it puts back the
+#   state of the facts its new extraction says again);
+# - FORGET_OWN_ENDS: a fact whose earlier end (kept when it was made current again) was its own keeps none;
+# - REOPEN_FACTS: the facts it ended are current again.
+UNDO_REOPENINGS = """
+UNWIND $ids AS id
+MATCH (e:Episode {id: id}) WHERE e.user_id = $user_id
+CALL (e) {
+  UNWIND range(0, size(coalesce(e.rel_sources, [])) - 1) AS i
+  MATCH (:Entity {uid: e.rel_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.rel_targets[i]})
+  WHERE coalesce(r.predicate, $default_predicate) = coalesce(e.rel_predicates[i], $default_predicate)
+  WITH DISTINCT r, e
+  WITH r, e.id = r.reopened_by AS undo, [k IN coalesce(r.replaces, []) WHERE NOT k IN coalesce(e.end_keys, [])] AS kept
+  SET r.replaces = CASE WHEN size(kept) = 0 THEN null ELSE kept END,
+      r.valid_from = CASE WHEN undo THEN r.before_valid_from ELSE r.valid_from END,
+      r.invalid_from = CASE WHEN undo THEN r.before_invalid_from ELSE r.invalid_from END,
+      r.ended_by = CASE WHEN undo THEN r.before_ended_by ELSE r.ended_by END
+  WITH r, undo WHERE undo
+  REMOVE r.reopened_by, r.before_valid_from, r.before_invalid_from, r.before_ended_by
+}
+"""
+FORGET_OWN_ENDS = """
 UNWIND $ids AS id
 MATCH (e:Episode {id: id}) WHERE e.user_id = $user_id
 CALL (e) {
   UNWIND range(0, size(coalesce(e.end_sources, [])) - 1) AS i
   MATCH (:Entity {uid: e.end_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.end_targets[i]})
-  WHERE coalesce(r.predicate, $default_predicate) = e.end_predicates[i] AND r.ended_by = e.id
-  SET r.invalid_from = null, r.ended_by = null
+  WHERE coalesce(r.predicate, $default_predicate) = e.end_predicates[i] AND r.before_ended_by = e.id
+  SET r.before_invalid_from = null, r.before_ended_by = null
 }
-CALL (e) {
-  UNWIND range(0, size(coalesce(e.rel_sources, [])) - 1) AS i
-  MATCH (:Entity {uid: e.rel_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.rel_targets[i]})
-  WHERE coalesce(r.predicate, $default_predicate) = coalesce(e.rel_predicates[i], $default_predicate)
-  WITH r, e.id = r.reopened_by AS undo, [k IN coalesce(r.replaces, []) WHERE NOT k IN coalesce(e.end_keys, [])] AS kept
-  SET r.replaces = CASE WHEN size(kept) = 0 THEN null ELSE kept END,
-      r.valid_from = CASE WHEN undo THEN r.before_valid_from ELSE r.valid_from END,
-      r.invalid_from = CASE WHEN undo THEN r.before_invalid_from ELSE r.invalid_from END,
-      r.ended_by = CASE WHEN undo THEN r.before_ended_by ELSE r.ended_by END,
-      r.reopened_by = CASE WHEN undo THEN null ELSE r.reopened_by END
-}
+"""
+REOPEN_FACTS = """
+UNWIND $ids AS id
+MATCH (e:Episode {id: id}) WHERE e.user_id = $user_id
+UNWIND range(0, size(coalesce(e.end_sources, [])) - 1) AS i
+MATCH (:Entity {uid: e.end_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.end_targets[i]})
+WHERE coalesce(r.predicate, $default_predicate) = e.end_predicates[i] AND r.ended_by = e.id
+SET r.invalid_from = null, r.ended_by = null
+"""
+
+# A fact deleted (no episode supports it any more) is no longer listed as replaced by any other.
+UNLIST_REPLACED = """
+MATCH (:Entity {user_id: $user_id})-[n:RELATED_TO]->()
+WHERE n.replaces IS NOT NULL AND any(k IN n.replaces WHERE k IN $keys)
+WITH n, [k IN n.replaces WHERE NOT k IN $keys] AS kept
+SET n.replaces = CASE WHEN size(kept) = 0 THEN null ELSE kept END
 """
 
 # A re-extraction takes back what its episode added (a fact only it supported, or an entity only it mentions,
-# is deleted) and then adds the new extraction: the facts the episode supported keep their times, end and
-# what they replaced when the new extraction says them again.
+# is deleted; what it did to facts is undone) and then adds the new extraction: the facts the episode
+# supported are put back exactly as they were (times, end, what they replaced, a reopening) when the new
+# extraction says them again.
 FACT_STATES = """
 MATCH (e:Episode {id: $id})
 UNWIND range(0, size(coalesce(e.rel_sources, [])) - 1) AS i
@@ -103,16 +133,7 @@ RETURN a.uid AS source_uid, b.uid AS target_uid, coalesce(r.predicate, $default_
 RESTORE_FACT_STATES = """
 UNWIND $rows AS row
 MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO {predicate: row.predicate}]->(:Entity {uid: row.target_uid})
-WITH r, row.state AS was
-SET r.valid_from = CASE WHEN was.valid_from IS NOT NULL AND (r.valid_from IS NULL OR was.valid_from < r.valid_from)
-                        THEN was.valid_from ELSE r.valid_from END,
-    r.invalid_from = coalesce(r.invalid_from, was.invalid_from),
-    r.ended_by = coalesce(r.ended_by, was.ended_by),
-    r.replaces = coalesce(r.replaces, was.replaces),
-    r.reopened_by = coalesce(r.reopened_by, was.reopened_by),
-    r.before_valid_from = coalesce(r.before_valid_from, was.before_valid_from),
-    r.before_invalid_from = coalesce(r.before_invalid_from, was.before_invalid_from),
-    r.before_ended_by = coalesce(r.before_ended_by, was.before_ended_by)
+SET r += row.state
 """
 
 # Relationships stored before predicates: the default predicate, once (a mark records that it ran).

@@ -32,7 +32,8 @@ from neo4j import ManagedTransaction
 
 from worker.errors import StoreRequestError
 from worker.facts_text import DEFAULT_PREDICATE
-from worker.graph.facts import REOPEN_FACTS
+from worker.graph.facts import FORGET_OWN_ENDS, REOPEN_FACTS, UNDO_REOPENINGS, UNLIST_REPLACED
+from worker.graph.params import fact_key
 from worker.identity import user_tag
 from worker.sessions import progress_key
 
@@ -111,7 +112,8 @@ WITH r, ids, given, times, coalesce(r.support, size(r.episodes)) AS support
 SET r.weight = CASE WHEN support <= times THEN 0.0 ELSE r.weight - given END,
     r.support = support - times,
     r.episodes = [x IN r.episodes WHERE NOT x IN ids]
-RETURN elementId(r) AS rid, support - times <= 0 AS gone
+RETURN elementId(r) AS rid, support - times <= 0 AS gone, startNode(r).key AS source_key,
+       coalesce(r.predicate, $default_predicate) AS predicate, endNode(r).key AS target_key
 """
 
 DELETE_RELATIONSHIPS = "UNWIND $rids AS rid MATCH ()-[r]->() WHERE elementId(r) = rid DELETE r"
@@ -178,16 +180,23 @@ RETURN count(*) AS n
 def take_back_relationships(
     tx: ManagedTransaction, ids: list[str], user_id: str, *, reopen: bool = True
 ) -> tuple[list[str], list[str]]:
-    """Take back what the episodes added to relationships, deleting those nothing supports any more, and
-    (reopen) open again the facts they ended. Returns (deleted, kept) relationship element ids."""
+    """Take back what the episodes added to relationships, deleting those nothing supports any more (and
+    their mention in other facts' `replaces`), and undo what they did to facts (worker/graph/facts.py); with
+    `reopen` (a forget, not a re-extraction), the facts they ended are current again. Returns (deleted, kept)
+    relationship element ids."""
     if not ids:
         return [], []
+    facts = {"ids": ids, "user_id": user_id, "default_predicate": DEFAULT_PREDICATE}
+    tx.run(UNDO_REOPENINGS, facts).consume()
     if reopen:
-        tx.run(REOPEN_FACTS, ids=ids, user_id=user_id, default_predicate=DEFAULT_PREDICATE).consume()
-    rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, ids=ids, user_id=user_id, default_predicate=DEFAULT_PREDICATE))
+        tx.run(FORGET_OWN_ENDS, facts).consume()
+        tx.run(REOPEN_FACTS, facts).consume()
+    rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, facts))
     gone = [r["rid"] for r in rows if r["gone"]]
     if gone:
         tx.run(DELETE_RELATIONSHIPS, rids=gone).consume()
+        keys = [fact_key(r["source_key"], r["predicate"], r["target_key"]) for r in rows if r["gone"]]
+        tx.run(UNLIST_REPLACED, user_id=user_id, keys=keys).consume()
     return gone, [r["rid"] for r in rows if not r["gone"]]
 
 

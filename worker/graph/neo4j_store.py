@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from neo4j import READ_ACCESS, Driver, GraphDatabase, ManagedTransaction, Query, Session, unit_of_work
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 BULK_TIMEOUT_FACTOR = 10
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 AS_OF_CANDIDATES = 3  # times the limit, fused when recall answers as of a time (later episodes are left out)
 MAX_WINDOW_CHARS = 4_000  # of a best window read back to cut its passage from (messages can be 20k long)
 
@@ -404,8 +405,8 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
 
 
 def _times(relation: dict[str, Any]) -> dict[str, datetime | None]:
-    """A relation's times, read as epoch milliseconds (cypher.DETAILS), as datetimes."""
+    """A relation's times, read as epoch milliseconds (cypher.DETAILS), as datetimes in UTC."""
     return {
-        k: None if relation.get(k) is None else datetime.fromtimestamp(relation[k] / 1000, UTC)
+        k: None if relation.get(k) is None else _EPOCH + timedelta(milliseconds=relation[k])
         for k in ("valid_from", "invalid_from")
     }

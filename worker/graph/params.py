@@ -45,11 +45,13 @@ def build_save_params(writes: Sequence[EpisodeWrite]) -> SaveParams:
     return SaveParams(
         episodes=sorted(episodes, key=lambda e: e["id"]),
         entities=sorted(entities, key=lambda e: (e["uid"], e["episode_id"])),
+        # a fact's rows in time order (a later one may make it current again, or end it: worker/graph/facts.py)
         relationships=sorted(
-            relationships, key=lambda r: (r["source_uid"], r["target_uid"], r["predicate"], r["episode_id"])
+            relationships,
+            key=lambda r: (r["source_uid"], r["target_uid"], r["predicate"], r["valid_from"], r["episode_id"]),
         ),
         chunks=chunks,
-        ends=sorted(ends, key=lambda r: (r["source_uid"], r["target_uid"], r["predicate"], r["episode_id"])),
+        ends=sorted(ends, key=lambda r: (r["source_uid"], r["target_uid"], r["predicate"], r["at"], r["episode_id"])),
     )
 
 
