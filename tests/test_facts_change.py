@@ -158,9 +158,11 @@ def extracted(
     store: Neo4jGraphStore,
     said: str | None = None,
     session: str | None = None,
+    episode_id: str | None = None,
 ) -> dict[str, Any]:
     messages = [{"role": "user", "content": said}] if said else SAID[city]
-    episode = build_episode(user, session or when.isoformat(), messages, limits=Limits(), occurred_at=when)
+    session_id = session or when.isoformat()
+    episode = build_episode(user, session_id, messages, limits=Limits(), occurred_at=when, episode_id=episode_id)
     return extract_stage(episode_payload(episode), settings=settings, store=store, llm=None)
 
 
@@ -249,17 +251,13 @@ def test_back_in_the_old_home_makes_it_current_again_and_a_reextraction_keeps_wh
     ended = facts(store, user)["Porto"]
     assert ended["invalid_from"].to_native() == JUNE
 
-    # A re-extraction of the Porto episode says Porto again: the fact keeps its times and its end.
-    record = EpisodeRecord.model_validate(porto["record"]).model_copy(update={"accepted_at": time.time()})
-    ents = [Entity.model_validate(e) for e in porto["entities"]]
-    rels = [Relationship.model_validate(r) for r in porto["relationships"]]
-    assert store.replace_extraction(record, ents, rels, "job-facts").outcome == "created"
-    again = facts(store, user)["Porto"]
-    assert (again["invalid_from"], again["ended_by"], again["valid_from"]) == (
-        ended["invalid_from"],
-        ended["ended_by"],
-        ended["valid_from"],
-    )
+    # A re-extraction of the Porto episode says Porto again: every fact stays as it was (Porto, only this
+    # episode's, is deleted and added again: it keeps its times and end, and Lisbon still lists it replaced).
+    before = facts(store, user)
+    assert before["Lisbon"]["replaces"] == [json.dumps(["user", "lives_in", "porto"])]
+    assert reextracted(store, porto) == "created"
+    assert facts(store, user) == before
+    again = before["Porto"]
 
     facts_before_back = facts(store, user)
     august = datetime(2026, 8, 10, tzinfo=UTC)
@@ -282,14 +280,22 @@ def test_back_in_the_old_home_makes_it_current_again_and_a_reextraction_keeps_wh
     assert facts(store, user) == {"Porto": again, "Lisbon": facts_before_back["Lisbon"]}
 
 
-def chain(user: str, settings: Settings, store: Neo4jGraphStore, session: str | None = None) -> list[str]:
-    """Porto (March), Lisbon (June, ends Porto), back in Porto (August, ends Lisbon): their episode ids."""
-    ids = []
+def reextracted(store: Neo4jGraphStore, payload: dict[str, Any], keep_relationships: bool = True) -> str:
+    """The stored episode re-extracted with the same answer (or, without keep_relationships, with none)."""
+    record = EpisodeRecord.model_validate(payload["record"]).model_copy(update={"accepted_at": time.time()})
+    ents = [Entity.model_validate(e) for e in payload["entities"]]
+    rels = [Relationship.model_validate(r) for r in payload["relationships"]] if keep_relationships else []
+    return store.replace_extraction(record, ents, rels, f"job-{time.time()}").outcome
+
+
+def chain(user: str, settings: Settings, store: Neo4jGraphStore, session: str | None = None) -> list[dict[str, Any]]:
+    """Porto (March), Lisbon (June, ends Porto), back in Porto (August, ends Lisbon): their persist payloads."""
+    payloads = []
     for city, when, said in (("Porto", MARCH, None), ("Lisbon", JUNE, None), ("Porto", AUGUST, "Back in Porto.")):
         payload = extracted(user, city, when, settings, store, said, session=session)
         assert persisted(payload, store) == "persisted"
-        ids.append(str(payload["episode_id"]))
-    return ids
+        payloads.append(payload)
+    return payloads
 
 
 def test_as_of_inside_the_earlier_period_of_a_fact_made_current_again(
@@ -311,14 +317,28 @@ def test_forgetting_the_move_after_the_way_back_then_the_way_back_leaves_porto_c
 ) -> None:
     standin.default = model_that_ends()
     user = new_user("moves-forget-middle")
-    _, lisbon, back = chain(user, llm_settings, store)
+    _, lisbon, back = (str(p["episode_id"]) for p in chain(user, llm_settings, store))
     client.forget_episode(user, lisbon)
-    porto = facts(store, user)["Porto"]
-    assert (porto["before_invalid_from"], porto["before_ended_by"], porto["replaces"]) == (None, None, None)
+    porto = facts(store, user)["Porto"]  # never ended: it holds since March, and nothing was reopened
+    assert (porto["valid_from"].to_native(), porto["reopened_by"], porto["replaces"]) == (MARCH, None, None)
+    assert (porto["before_valid_from"], porto["before_invalid_from"], porto["before_ended_by"]) == (None, None, None)
     client.forget_episode(user, back)
     porto = facts(store, user)["Porto"]
     assert (porto["valid_from"].to_native(), porto["invalid_from"], porto["ended_by"]) == (MARCH, None, None)
     assert all(porto[k] is None for k in ("reopened_by", "before_valid_from", "before_invalid_from"))
+
+
+def test_a_reextraction_that_no_longer_says_the_way_back_undoes_the_reopening(
+    standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    standin.default = model_that_ends()
+    user = new_user("moves-reextract-drop")
+    back = chain(user, llm_settings, store)[2]
+    assert reextracted(store, back, keep_relationships=False) == "created"
+    stored = facts(store, user)
+    porto = stored["Porto"]  # still said by the March episode, ended in June again; Lisbon stays ended
+    assert (porto["invalid_from"].to_native(), porto["reopened_by"], porto["replaces"]) == (JUNE, None, None)
+    assert stored["Lisbon"]["invalid_from"].to_native() == AUGUST
 
 
 def test_forgetting_a_session_undoes_the_way_back_before_it_opens_what_the_move_ended(
@@ -351,9 +371,11 @@ def test_two_ways_back_saved_in_one_batch_apply_in_time_order_and_a_deleted_fact
     assert persisted(first, store) == "persisted"
     assert persisted(extracted(user, "Lisbon", JUNE, llm_settings, store), store) == "persisted"
     september = datetime(2026, 9, 10, tzinfo=UTC)
-    ways_back = [
-        extracted(user, "Porto", when, llm_settings, store, said=f"Back in Porto ({when:%B}).")
-        for when in (september, AUGUST)
+    ways_back = [  # the later one first by id: the batch must order them by time, not by id
+        extracted(
+            user, "Porto", when, llm_settings, store, said=f"Back in Porto ({when:%B}).", episode_id=f"{user}-{i}"
+        )
+        for i, when in enumerate((september, AUGUST))
     ]
     writes = [
         (

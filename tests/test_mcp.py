@@ -72,6 +72,8 @@ def test_stdio_tools_remember_recall_export_and_forget_for_the_configured_user(
         found = structured(await mcp.call_tool("recall", {"query": "Lisbon Anna Porto Tomas", "user_id": other}))
         assert {e["user_id"] for e in found["related_episodes"]} == {user}
         assert [e["id"] for e in found["related_episodes"]] == [receipt["episode_id"]]
+        before = structured(await mcp.call_tool("recall", {"query": "Porto Tomas", "as_of": "2020-01-01T00:00:00Z"}))
+        assert before["related_episodes"] == []  # as of a time before it was told
         exported = await mcp.call_tool("export", {})
         lines = [json.loads(x) for x in exported.content[0].text.splitlines()]
         assert lines[0]["user_id"] == user and [x["kind"] for x in lines].count("episode") == 1

@@ -71,7 +71,8 @@ CALL (row) {
 # - UNDO_REOPENINGS: a fact it made current again is put back as it was (its before_* go); its facts no
 #   longer list what it ended in `replaces` (a re-extraction runs this step alone, before it puts back the
 #   state of the facts its new extraction says again);
-# - FORGET_OWN_ENDS: a fact whose earlier end (kept when it was made current again) was its own keeps none;
+# - FORGET_OWN_ENDS: a fact whose earlier end (kept when it was made current again) was its own was never
+#   ended: it holds from its earlier valid_from, and there is no reopening to remember;
 # - REOPEN_FACTS: the facts it ended are current again.
 UNDO_REOPENINGS = """
 UNWIND $ids AS id
@@ -97,7 +98,8 @@ CALL (e) {
   UNWIND range(0, size(coalesce(e.end_sources, [])) - 1) AS i
   MATCH (:Entity {uid: e.end_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.end_targets[i]})
   WHERE coalesce(r.predicate, $default_predicate) = e.end_predicates[i] AND r.before_ended_by = e.id
-  SET r.before_invalid_from = null, r.before_ended_by = null
+  SET r.valid_from = coalesce(r.before_valid_from, r.valid_from)
+  REMOVE r.reopened_by, r.before_valid_from, r.before_invalid_from, r.before_ended_by
 }
 """
 REOPEN_FACTS = """

@@ -27,6 +27,7 @@ add wins whatever the order in which the workers get to it. A send accepted afte
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from neo4j import ManagedTransaction
 
@@ -113,7 +114,8 @@ SET r.weight = CASE WHEN support <= times THEN 0.0 ELSE r.weight - given END,
     r.support = support - times,
     r.episodes = [x IN r.episodes WHERE NOT x IN ids]
 RETURN elementId(r) AS rid, support - times <= 0 AS gone, startNode(r).key AS source_key,
-       coalesce(r.predicate, $default_predicate) AS predicate, endNode(r).key AS target_key
+       coalesce(r.predicate, $default_predicate) AS predicate, endNode(r).key AS target_key,
+       startNode(r).uid AS source_uid, endNode(r).uid AS target_uid
 """
 
 DELETE_RELATIONSHIPS = "UNWIND $rids AS rid MATCH ()-[r]->() WHERE elementId(r) = rid DELETE r"
@@ -179,11 +181,12 @@ RETURN count(*) AS n
 
 def take_back_relationships(
     tx: ManagedTransaction, ids: list[str], user_id: str, *, reopen: bool = True
-) -> tuple[list[str], list[str]]:
-    """Take back what the episodes added to relationships, deleting those nothing supports any more (and
-    their mention in other facts' `replaces`), and undo what they did to facts (worker/graph/facts.py); with
-    `reopen` (a forget, not a re-extraction), the facts they ended are current again. Returns (deleted, kept)
-    relationship element ids."""
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Take back what the episodes added to relationships, deleting those nothing supports any more, and undo
+    what they did to facts (worker/graph/facts.py). With `reopen` (a forget): the facts they ended are current
+    again, and a deleted fact is no longer listed in other facts' `replaces`; without (a re-extraction, which
+    may say a deleted fact again), that is the caller's. Returns the deleted facts (rid, key, ends: (source
+    uid, predicate, target uid)) and the kept relationships' element ids."""
     if not ids:
         return [], []
     facts = {"ids": ids, "user_id": user_id, "default_predicate": DEFAULT_PREDICATE}
@@ -192,12 +195,25 @@ def take_back_relationships(
         tx.run(FORGET_OWN_ENDS, facts).consume()
         tx.run(REOPEN_FACTS, facts).consume()
     rows = list(tx.run(TAKE_BACK_RELATIONSHIPS, facts))
-    gone = [r["rid"] for r in rows if r["gone"]]
+    gone = [
+        {
+            "rid": r["rid"],
+            "key": fact_key(r["source_key"], r["predicate"], r["target_key"]),
+            "ends": (r["source_uid"], r["predicate"], r["target_uid"]),
+        }
+        for r in rows
+        if r["gone"]
+    ]
     if gone:
-        tx.run(DELETE_RELATIONSHIPS, rids=gone).consume()
-        keys = [fact_key(r["source_key"], r["predicate"], r["target_key"]) for r in rows if r["gone"]]
-        tx.run(UNLIST_REPLACED, user_id=user_id, keys=keys).consume()
+        tx.run(DELETE_RELATIONSHIPS, rids=[g["rid"] for g in gone]).consume()
+        if reopen:
+            unlist_replaced(tx, user_id, [g["key"] for g in gone])
     return gone, [r["rid"] for r in rows if not r["gone"]]
+
+
+def unlist_replaced(tx: ManagedTransaction, user_id: str, keys: list[str]) -> None:
+    if keys:
+        tx.run(UNLIST_REPLACED, user_id=user_id, keys=keys).consume()
 
 
 def redescribe_relationships(tx: ManagedTransaction, rids: list[str]) -> None:

@@ -21,7 +21,12 @@ from worker.errors import StoreRequestError
 from worker.facts_text import DEFAULT_PREDICATE
 from worker.graph.errors import translated
 from worker.graph.facts import FACT_STATES, RESTORE_FACT_STATES
-from worker.graph.forget import TAKE_BACK_MENTIONS, redescribe_relationships, take_back_relationships
+from worker.graph.forget import (
+    TAKE_BACK_MENTIONS,
+    redescribe_relationships,
+    take_back_relationships,
+    unlist_replaced,
+)
 from worker.graph.params import EpisodeWrite, build_save_params
 from worker.graph.parts import StorePart
 from worker.graph.save_tx import counted
@@ -151,7 +156,7 @@ def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, n
         return SaveResult(episode_id=record.id, created=False, outcome="exists")  # never trade memory for nothing
     ids, user_id = [record.id], record.user_id
     facts = [dict(r) for r in tx.run(FACT_STATES, id=record.id, default_predicate=DEFAULT_PREDICATE)]
-    _, kept = take_back_relationships(tx, ids, user_id, reopen=False)
+    gone, kept = take_back_relationships(tx, ids, user_id, reopen=False)
     taken = tx.run(MENTIONED, ids=ids).single(strict=True)
     tx.run(TAKE_BACK_MENTIONS, ids=ids, user_id=user_id).consume()
     params = build_save_params([write])
@@ -160,8 +165,11 @@ def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, n
     n_entities = counted(tx, REPLACE_ENTITIES, params.entities, now).get(record.id, 0)
     added = list(tx.run(REPLACE_RELATIONSHIPS, rows=params.relationships)) if params.relationships else []
     n_relationships = sum(int(r["n"]) for r in added)
-    if facts:  # a fact the new extraction says again keeps its times and its end, even if it was deleted
-        tx.run(RESTORE_FACT_STATES, rows=facts).consume()
+    said = {(r["source_uid"], r["predicate"], r["target_uid"]) for r in params.relationships}
+    again = [f for f in facts if (f["source_uid"], f["predicate"], f["target_uid"]) in said]
+    if again:  # a fact the new extraction says again is as it was (times, end, reopening), even if deleted
+        tx.run(RESTORE_FACT_STATES, rows=again).consume()
+    unlist_replaced(tx, user_id, [g["key"] for g in gone if g["ends"] not in said])  # deleted for good
     touched = sorted(set(kept) | {rid for r in added for rid in r["rids"]})
     if touched:
         redescribe_relationships(tx, touched)
