@@ -133,8 +133,9 @@ class Recall:
             raise QueryRejected("must be timezone-aware", "as_of")
         started = time.perf_counter()
         budget_s = (budget_ms if budget_ms is not None else self._settings.recall_budget_ms) / 1000
+        ask = _Ask(user_id, query, limit, strict, as_of)
         try:
-            context = self._within_budget(user_id, query, limit, budget_s, strict, started, as_of)
+            context = self._within_budget(ask, budget_s, started)
         except StoreError:  # strict only
             self.counters.add(degraded=True, dropped=0, latency_s=time.perf_counter() - started)
             raise
@@ -153,28 +154,18 @@ class Recall:
         )
         return context
 
-    def _within_budget(
-        self,
-        user_id: str,
-        query: str,
-        limit: int | None,
-        budget_s: float,
-        strict: bool,
-        started: float,
-        as_of: datetime | None,
-    ) -> MemoryContext:
+    def _within_budget(self, ask: _Ask, budget_s: float, started: float) -> MemoryContext:
         """The work runs in a bounded pool and the caller waits at most the budget plus a margin, for a free
         slot and then for the answer: a stalled store or cache (a blocked socket, a pool waiting for a
         connection, client retries) cannot hold the caller's turn; the late call ends in the background,
         bounded by its own timeouts. Local keywords are CPU work in this thread, before the deadline (the
         first Chinese query loads jieba's dictionary, about a second): the deadline guards against stalled
         I/O, not against that."""
-        local = local_keywords(query, self._settings.max_keywords)
+        user_id, strict = ask.user_id, ask.strict
+        local = local_keywords(ask.query, self._settings.max_keywords)
         deadline = started + budget_s + DEADLINE_MARGIN_S
         # The search gets what is left of the budget when it starts: a wait for a slot is charged to it.
-        search = lambda: self._search(  # noqa: E731
-            user_id, query, limit, max(0.01, deadline - DEADLINE_MARGIN_S - time.perf_counter()), strict, local, as_of
-        )
+        search = lambda: self._search(ask, max(0.01, deadline - DEADLINE_MARGIN_S - time.perf_counter()), local)  # noqa: E731
         future = self._calls.submit(uuid.uuid4().hex, search, wait_s=max(0.0, deadline - time.perf_counter()))
         if future is None:  # every slot held for the whole budget (recalls stuck on a stalled store)
             return self._degraded(user_id, "busy", strict)
@@ -197,16 +188,8 @@ class Recall:
             raise StoreUnavailable(reason, cause=f"Recall{why.title()}")
         return _degraded_context(user_id, reason, f"Recall{why.title()}")
 
-    def _search(
-        self,
-        user_id: str,
-        query: str,
-        limit: int | None,
-        budget_s: float,
-        strict: bool,
-        local: list[str],
-        as_of: datetime | None,
-    ) -> MemoryContext:
+    def _search(self, ask: _Ask, budget_s: float, local: list[str]) -> MemoryContext:
+        user_id, query = ask.user_id, ask.query
         started = time.perf_counter()
         keyword_budget = max(1, int(min(self._settings.keywords_budget_ms, budget_s * 1000 / 2)))
         words = self._keywords.keywords(user_id, query, budget_ms=keyword_budget, local=local).words
@@ -217,20 +200,20 @@ class Recall:
                 user_id, query, budget_ms=max(1, int(min(self._settings.embedding_budget_ms, left_ms / 2)))
             )
         remaining = max(0.05, budget_s - (time.perf_counter() - started))
-        period = period_in(query, datetime.now(UTC))
+        period = period_in(query, ask.as_of or datetime.now(UTC))  # "last month" as of the time asked about
         try:
             context = self.store.search(
                 user_id,
                 words,
                 query,
-                limit or self._settings.recall_limit,
+                ask.limit or self._settings.recall_limit,
                 timeout_s=remaining,
                 period=period,
                 vector=vector,
-                as_of=as_of,
+                as_of=ask.as_of,
             )
         except StoreError as exc:
-            if strict:
+            if ask.strict:
                 raise
             cause = exc.cause or type(exc).__name__
             context = _degraded_context(user_id, f"store unavailable ({cause})", cause)
@@ -257,6 +240,17 @@ class Recall:
                 update={"related_episodes": episodes, "related_entities": entities, "related_relations": relations}
             )
         return context, dropped
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """One recall as asked (checked)."""
+
+    user_id: str
+    query: str
+    limit: int | None
+    strict: bool
+    as_of: datetime | None
 
 
 def _degraded_context(user_id: str, reason: str, error_class: str) -> MemoryContext:

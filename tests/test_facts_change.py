@@ -175,10 +175,7 @@ def test_replaying_either_episode_changes_nothing_and_forgetting_the_move_opens_
 ) -> None:
     standin.default = model_that_ends()
     user = new_user("moves-replay")
-    porto = extracted(user, "Porto", MARCH, llm_settings, store)
-    assert persisted(porto, store) == "persisted"
-    lisbon = extracted(user, "Lisbon", JUNE, llm_settings, store)
-    assert persisted(lisbon, store) == "persisted"
+    porto, lisbon = told(user, llm_settings, store, MOVE)
     stored = facts(store, user)
     assert stored["Porto"]["invalid_from"] is not None
     for payload in (lisbon, porto, lisbon):  # a redelivered persist message, a replayed dead letter
@@ -201,8 +198,7 @@ def test_http_and_memctl_answer_as_of_a_time_and_refuse_one_without_a_zone(
 ) -> None:
     standin.default = model_that_ends()
     user = new_user("moves-as-of")
-    for city, when in (("Porto", MARCH), ("Lisbon", JUNE)):
-        assert persisted(extracted(user, city, when, llm_settings, store), store) == "persisted"
+    told(user, llm_settings, store, MOVE)
 
     def over_http(as_of: str | None) -> httpx.Response:
         body = {"user_id": user, "query": "where do I live", "as_of": as_of}
@@ -245,9 +241,7 @@ def test_back_in_the_old_home_makes_it_current_again_and_a_reextraction_keeps_wh
 ) -> None:
     standin.default = model_that_ends()
     user = new_user("moves-back")
-    porto = extracted(user, "Porto", MARCH, llm_settings, store)
-    assert persisted(porto, store) == "persisted"
-    assert persisted(extracted(user, "Lisbon", JUNE, llm_settings, store), store) == "persisted"
+    porto, _ = told(user, llm_settings, store, MOVE)
     ended = facts(store, user)["Porto"]
     assert ended["invalid_from"].to_native() == JUNE
 
@@ -260,13 +254,12 @@ def test_back_in_the_old_home_makes_it_current_again_and_a_reextraction_keeps_wh
     again = before["Porto"]
 
     facts_before_back = facts(store, user)
-    august = datetime(2026, 8, 10, tzinfo=UTC)
-    back = extracted(user, "Porto", august, llm_settings, store, said="We are back in Porto for good.")
+    back = extracted(user, "Porto", AUGUST, llm_settings, store, said="We are back in Porto for good.")
     assert "f1: user lives_in Lisbon" in standin.requests[-1]["messages"][-1]["content"]
     assert persisted(back, store) == "persisted"
     now = facts(store, user)
-    assert (now["Porto"]["invalid_from"], now["Porto"]["valid_from"].to_native()) == (None, august)
-    assert now["Lisbon"]["invalid_from"].to_native() == august
+    assert (now["Porto"]["invalid_from"], now["Porto"]["valid_from"].to_native()) == (None, AUGUST)
+    assert now["Lisbon"]["invalid_from"].to_native() == AUGUST
     assert now["Porto"]["replaces"] == [json.dumps(["user", "lives_in", "lisbon"])]
     assert relations(client.retrieve_memory(user, "where do I live")) == [
         ("Porto", "lives_in", True),
@@ -288,10 +281,16 @@ def reextracted(store: Neo4jGraphStore, payload: dict[str, Any], keep_relationsh
     return store.replace_extraction(record, ents, rels, f"job-{time.time()}").outcome
 
 
-def chain(user: str, settings: Settings, store: Neo4jGraphStore, session: str | None = None) -> list[dict[str, Any]]:
-    """Porto (March), Lisbon (June, ends Porto), back in Porto (August, ends Lisbon): their persist payloads."""
+Step = tuple[str, datetime, str | None, str | None]  # city, when, what was said (default: SAID), session
+MOVE: list[Step] = [("Porto", MARCH, None, None), ("Lisbon", JUNE, None, None)]
+AND_BACK: list[Step] = [*MOVE, ("Porto", AUGUST, "Back in Porto.", None)]
+
+
+def told(user: str, settings: Settings, store: Neo4jGraphStore, steps: list[Step]) -> list[dict[str, Any]]:
+    """Each step extracted (offered what the earlier ones left) and persisted in turn: their persist payloads.
+    MOVE: Porto (March), then Lisbon (June, ends Porto); AND_BACK: then back in Porto (August, ends Lisbon)."""
     payloads = []
-    for city, when, said in (("Porto", MARCH, None), ("Lisbon", JUNE, None), ("Porto", AUGUST, "Back in Porto.")):
+    for city, when, said, session in steps:
         payload = extracted(user, city, when, settings, store, said, session=session)
         assert persisted(payload, store) == "persisted"
         payloads.append(payload)
@@ -303,13 +302,16 @@ def test_as_of_inside_the_earlier_period_of_a_fact_made_current_again(
 ) -> None:
     standin.default = model_that_ends()
     user = new_user("moves-periods")
-    chain(user, llm_settings, store)
+    told(user, llm_settings, store, AND_BACK)
     april = client.retrieve_memory(user, "where do I live", as_of=APRIL)
     assert [(r.target, r.current, r.valid_from, r.invalid_from) for r in april.related_relations] == [
         ("Porto", True, MARCH, JUNE)
     ]
     july = client.retrieve_memory(user, "where do I live", as_of=datetime(2026, 7, 10, tzinfo=UTC))
     assert [(r.target, r.current) for r in july.related_relations] == [("Lisbon", True), ("Porto", False)]
+    # "last month" as of July is June: the move's episode, found by its time
+    june = client.retrieve_memory(user, "what happened last month", as_of=datetime(2026, 7, 10, tzinfo=UTC))
+    assert [("Lisbon" in e.summary, "time" in e.matched_by) for e in june.related_episodes] == [(True, True)]
 
 
 def test_forgetting_the_move_after_the_way_back_then_the_way_back_leaves_porto_current_and_no_trace(
@@ -317,7 +319,7 @@ def test_forgetting_the_move_after_the_way_back_then_the_way_back_leaves_porto_c
 ) -> None:
     standin.default = model_that_ends()
     user = new_user("moves-forget-middle")
-    _, lisbon, back = (str(p["episode_id"]) for p in chain(user, llm_settings, store))
+    _, lisbon, back = (str(p["episode_id"]) for p in told(user, llm_settings, store, AND_BACK))
     client.forget_episode(user, lisbon)
     porto = facts(store, user)["Porto"]  # never ended: it holds since March, and nothing was reopened
     assert (porto["valid_from"].to_native(), porto["reopened_by"], porto["replaces"]) == (MARCH, None, None)
@@ -333,7 +335,7 @@ def test_a_reextraction_that_no_longer_says_the_way_back_undoes_the_reopening(
 ) -> None:
     standin.default = model_that_ends()
     user = new_user("moves-reextract-drop")
-    back = chain(user, llm_settings, store)[2]
+    back = told(user, llm_settings, store, AND_BACK)[2]
     assert reextracted(store, back, keep_relationships=False) == "created"
     stored = facts(store, user)
     porto = stored["Porto"]  # still said by the March episode, ended in June again; Lisbon stays ended
@@ -346,11 +348,7 @@ def test_forgetting_a_session_undoes_the_way_back_before_it_opens_what_the_move_
 ) -> None:
     standin.default = model_that_ends()
     user = new_user("moves-session")
-    porto = extracted(user, "Porto", MARCH, llm_settings, store)
-    assert persisted(porto, store) == "persisted"
-    for city, when, said in (("Lisbon", JUNE, None), ("Porto", AUGUST, "Back in Porto.")):
-        payload = extracted(user, city, when, llm_settings, store, said, session="travels")
-        assert persisted(payload, store) == "persisted"
+    told(user, llm_settings, store, [MOVE[0], *((c, w, t, "travels") for c, w, t, _ in AND_BACK[1:])])
     client.forget_session(user, "travels")
     assert set(facts(store, user)) == {"Porto"}
     kept = facts(store, user)["Porto"]
@@ -367,9 +365,7 @@ def test_two_ways_back_saved_in_one_batch_apply_in_time_order_and_a_deleted_fact
 ) -> None:
     standin.default = model_that_ends()
     user = new_user("moves-batch")
-    first = extracted(user, "Porto", MARCH, llm_settings, store)
-    assert persisted(first, store) == "persisted"
-    assert persisted(extracted(user, "Lisbon", JUNE, llm_settings, store), store) == "persisted"
+    first, _ = told(user, llm_settings, store, MOVE)
     september = datetime(2026, 9, 10, tzinfo=UTC)
     ways_back = [  # the later one first by id: the batch must order them by time, not by id
         extracted(
@@ -409,8 +405,7 @@ def test_the_offline_extractor_reads_no_facts_and_ends_none(
         return []
 
     monkeypatch.setattr(store, "current_facts", counted)
-    for city, when in (("Porto", MARCH), ("Lisbon", JUNE)):
-        assert persisted(extracted(user, city, when, settings, store), store) == "persisted"
+    told(user, settings, store, MOVE)
     assert reads == []
     with store._session() as s:
         ended = s.run(
@@ -430,9 +425,7 @@ def test_export_and_import_keep_predicates_times_and_what_ended_what(
 ) -> None:
     standin.default = model_that_ends()
     user = new_user("moves-export")
-    august = datetime(2026, 8, 10, tzinfo=UTC)
-    for city, when, said in (("Porto", MARCH, None), ("Lisbon", JUNE, None), ("Porto", august, "Back in Porto.")):
-        assert persisted(extracted(user, city, when, llm_settings, store, said), store) == "persisted"
+    told(user, llm_settings, store, AND_BACK)
     before = export(client, user)
     assert before[0]["version"] == 2
     porto = next(line for line in before if line["kind"] == "relationship" and line["target"] == "Porto")
