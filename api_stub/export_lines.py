@@ -84,8 +84,8 @@ def _episode_line(row: dict[str, Any]) -> EpisodeLine:
         if s in names and t in names
     ]
     ended = [FactEnd(source_key=a, predicate=p, target_key=b, at=native(at)) for a, p, b, at in row["ended"]]
-    windows = [(int(start), int(end)) for start, end in row["windows"]]
-    vectors = row["vectors"]
+    windows = [(int(start), int(end)) for start, end, _ in row["windows"]]
+    vectors = [vector for _, _, vector in row["windows"]]
     packed = [pack(v) for v in vectors] if len(vectors) == len(windows) and all(vectors) else []
     fields = {k: episode.get(k) for k in EpisodeLine.model_fields if k in episode and k != "kind"}
     return EpisodeLine(

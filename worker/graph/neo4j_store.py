@@ -27,6 +27,7 @@ from worker.graph.passage import snippet
 from worker.graph.portable import Portability
 from worker.graph.reextract import Reextraction
 from worker.graph.save_tx import save_chunks, save_transaction
+from worker.graph.values import EPOCH
 from worker.graph.values import native as _native
 from worker.identity import user_tag
 from worker.models import (
@@ -50,7 +51,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 BULK_TIMEOUT_FACTOR = 10
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 AS_OF_CANDIDATES = 3  # times the limit, fused when recall answers as of a time (later episodes are left out)
 MAX_WINDOW_CHARS = 4_000  # of a best window read back to cut its passage from (messages can be 20k long)
 
@@ -407,6 +407,6 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
 def _times(relation: dict[str, Any]) -> dict[str, datetime | None]:
     """A relation's times, read as epoch milliseconds (cypher.DETAILS), as datetimes in UTC."""
     return {
-        k: None if relation.get(k) is None else _EPOCH + timedelta(milliseconds=relation[k])
+        k: None if relation.get(k) is None else EPOCH + timedelta(milliseconds=relation[k])
         for k in ("valid_from", "invalid_from")
     }

@@ -36,12 +36,13 @@ def build_save_params(writes: Sequence[EpisodeWrite]) -> SaveParams:
     """All rows of a batch, sorted so that concurrent transactions lock shared nodes in the same order."""
     episodes, entities, relationships, chunks, ends = [], [], [], [], []
     for record, ents, rels in writes:
-        episode, entity_rows, relationship_rows = _episode_rows(record, ents, rels)
+        ended = end_rows(record)
+        episode, entity_rows, relationship_rows = _episode_rows(record, ents, rels, ended)
         episodes.append(episode)
         entities.extend(entity_rows)
         relationships.extend(relationship_rows)
         chunks.extend(chunk_rows(record))
-        ends.extend(end_rows(record))
+        ends.extend(ended)
     return SaveParams(
         episodes=sorted(episodes, key=lambda e: e["id"]),
         entities=sorted(entities, key=lambda e: (e["uid"], e["episode_id"])),
@@ -167,7 +168,10 @@ def chunk_rows(record: EpisodeRecord) -> list[dict[str, Any]]:
 
 
 def _episode_rows(
-    record: EpisodeRecord, entities: Sequence[Entity], relationships: Sequence[Relationship]
+    record: EpisodeRecord,
+    entities: Sequence[Entity],
+    relationships: Sequence[Relationship],
+    ends: Sequence[dict[str, Any]],
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """Entities are merged on their normalised key; a relationship end that is not among the entities
     becomes an entity of type 'other' (nothing is dropped); repeated relationships add their weights."""
@@ -233,8 +237,7 @@ def _episode_rows(
     episode["rel_weights"] = [r["weight"] for r in rels.values()]
     episode["rel_descriptions"] = [r["description"] for r in rels.values()]
     episode["rel_predicates"] = [r["predicate"] for r in rels.values()]
-    # The known facts it ended, so that forgetting it opens them again (worker/graph/facts.py).
-    ends = end_rows(record)
+    # The known facts it ended (end_rows), so that forgetting it opens them again (worker/graph/facts.py).
     episode["end_sources"] = [r["source_uid"] for r in ends]
     episode["end_predicates"] = [r["predicate"] for r in ends]
     episode["end_targets"] = [r["target_uid"] for r in ends]

@@ -25,11 +25,9 @@ from worker.graph import cypher
 from worker.graph.errors import translated
 from worker.graph.forget import session_tombstone
 from worker.graph.parts import StorePart
-from worker.graph.values import native
+from worker.graph.values import EPOCH, native
 from worker.identity import user_tag
 from worker.sessions import erased_since
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 COUNTS = """
 CALL () { MATCH (e:Episode {user_id: $user_id}) RETURN count(e) AS episodes }
@@ -62,8 +60,7 @@ RETURN e.id AS id, e.created_at AS at, e {.*, terms: null, user_tag: null, save_
          WHERE coalesce(r.predicate, 'related_to') = e.end_predicates[i]
          RETURN [a.key, e.end_predicates[i], b.key, CASE WHEN r.ended_by = e.id THEN r.invalid_from END] ORDER BY i
        } AS ended,
-       COLLECT { MATCH (c:Chunk)-[:OF]->(e) RETURN [c.start, c.end] ORDER BY c.seq } AS windows,
-       COLLECT { MATCH (c:Chunk)-[:OF]->(e) RETURN c.embedding ORDER BY c.seq } AS vectors
+       COLLECT { MATCH (c:Chunk)-[:OF]->(e) RETURN [c.start, c.end, c.embedding] ORDER BY c.seq } AS windows
 """
 
 ENTITIES_PAGE = """
@@ -155,7 +152,7 @@ class Portability(StorePart):
 
     def export_episodes(self, user_id: str, page: int = 50) -> Iterator[dict[str, Any]]:
         """Pages of 50: an episode may hold 200,000 characters and an embedding per message."""
-        yield from self._pages(EPISODES_PAGE, user_id, page, {"after_at": _EPOCH, "after": ""})
+        yield from self._pages(EPISODES_PAGE, user_id, page, {"after_at": EPOCH, "after": ""})
 
     def export_entities(self, user_id: str, page: int = 1_000) -> Iterator[dict[str, Any]]:
         yield from self._pages(ENTITIES_PAGE, user_id, page, {"after": ""})

@@ -106,7 +106,6 @@ OPTIONAL CALL (n) {
 SET n.description = coalesce(description, '')
 """
 
-MENTIONED = "UNWIND $ids AS id MATCH (:Episode {id: id})-[:MENTIONS]->(n) RETURN collect(n.uid) AS uids"
 
 # What an extraction sets on its episode; the rest of the episode (content, times, ids) stays.
 _REPLACED = (
@@ -157,7 +156,6 @@ def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, n
     ids, user_id = [record.id], record.user_id
     facts = [dict(r) for r in tx.run(FACT_STATES, id=record.id, default_predicate=DEFAULT_PREDICATE)]
     gone, kept = take_back_relationships(tx, ids, user_id, reopen=False)
-    taken = tx.run(MENTIONED, ids=ids).single(strict=True)
     tx.run(TAKE_BACK_MENTIONS, ids=ids, user_id=user_id).consume()
     params = build_save_params([write])
     fields = {k: params.episodes[0][k] for k in _REPLACED}
@@ -173,7 +171,8 @@ def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, n
     touched = sorted(set(kept) | {rid for r in added for rid in r["rids"]})
     if touched:
         redescribe_relationships(tx, touched)
-    uids = sorted({row["uid"] for row in params.entities} | set(taken["uids"]))
+    # those only taken back were described again by TAKE_BACK_MENTIONS; those it adds mentions to are now
+    uids = sorted({row["uid"] for row in params.entities})
     if uids:
         tx.run(REDESCRIBE_ENTITIES, uids=uids).consume()
     return SaveResult(
