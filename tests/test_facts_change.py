@@ -314,6 +314,18 @@ def test_as_of_inside_the_earlier_period_of_a_fact_made_current_again(
     assert [("Lisbon" in e.summary, "time" in e.matched_by) for e in june.related_episodes] == [(True, True)]
 
 
+def test_as_of_gives_only_the_entities_of_the_episodes_it_returns(
+    standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser
+) -> None:
+    standin.default = model_that_ends()
+    user = new_user("moves-as-of-limit")
+    told(user, llm_settings, store, AND_BACK)
+    one = client.retrieve_memory(user, "where do I live", limit=1, as_of=datetime(2026, 9, 10, tzinfo=UTC))
+    [episode] = one.related_episodes
+    city = next(c for c in CITIES if c in episode.summary)
+    assert {e.name for e in one.related_entities if e.hop == 0} == {"user", city}
+
+
 def test_forgetting_the_move_after_the_way_back_then_the_way_back_leaves_porto_current_and_no_trace(
     standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser
 ) -> None:
@@ -392,6 +404,32 @@ def test_two_ways_back_saved_in_one_batch_apply_in_time_order_and_a_deleted_fact
     client.forget_episode(user, ways_back[0]["episode_id"])
     client.forget_episode(user, august_id)  # Porto goes: Lisbon no longer lists it as replaced
     assert set(facts(store, user)) == {"Lisbon"} and facts(store, user)["Lisbon"]["replaces"] is None
+
+
+def test_forgetting_an_episode_whose_end_did_not_apply_keeps_the_replacement_that_did(
+    standin: StandIn, llm_settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser
+) -> None:
+    standin.default = model_that_ends()
+    user = new_user("moves-twice")
+    told(user, llm_settings, store, MOVE[:1])
+    july = datetime(2026, 7, 10, tzinfo=UTC)
+    both = [
+        extracted(user, "Lisbon", when, llm_settings, store, f"We moved to Lisbon ({when:%B}).")
+        for when in (JUNE, july)
+    ]
+    for payload in both:  # both were offered Porto; the July end finds it ended already
+        assert persisted(payload, store) == "persisted"
+    stored = facts(store, user)
+    assert (stored["Porto"]["ended_by"], stored["Lisbon"]["replaces"]) == (
+        both[0]["episode_id"],
+        [json.dumps(["user", "lives_in", "porto"])],
+    )
+    client.forget_episode(user, both[1]["episode_id"])
+    after = facts(store, user)
+    assert (after["Porto"]["ended_by"], after["Lisbon"]["replaces"]) == (
+        both[0]["episode_id"],
+        [json.dumps(["user", "lives_in", "porto"])],
+    )
 
 
 def test_the_offline_extractor_reads_no_facts_and_ends_none(

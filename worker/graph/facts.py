@@ -69,20 +69,26 @@ CALL (row) {
 # Forgetting an episode takes back what it did to facts, in this order (when a session is forgotten, a fact
 # one of its episodes ended and a later one made current again is first put back as ended, then opened):
 # - UNDO_REOPENINGS: a fact it made current again is put back as it was (its before_* go); its facts no
-#   longer list what it ended in `replaces` (a re-extraction runs this step alone, before it puts back the
-#   state of the facts its new extraction says again);
+#   longer list in `replaces` what its ends that applied ended (a re-extraction runs this step alone, before
+#   it puts back the state of the facts its new extraction says again);
 # - FORGET_OWN_ENDS: a fact whose earlier end (kept when it was made current again) was its own was never
 #   ended: it holds from its earlier valid_from, and there is no reopening to remember;
 # - REOPEN_FACTS: the facts it ended are current again.
 UNDO_REOPENINGS = """
 UNWIND $ids AS id
 MATCH (e:Episode {id: id}) WHERE e.user_id = $user_id
-CALL (e) {
+CALL (e) {  // the ends of this episode that applied (an end of a fact already ended put nothing in replaces)
+  UNWIND range(0, size(coalesce(e.end_sources, [])) - 1) AS i
+  MATCH (:Entity {uid: e.end_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.end_targets[i]})
+  WHERE coalesce(r.predicate, $default_predicate) = e.end_predicates[i] AND r.ended_by = e.id
+  RETURN collect(e.end_keys[i]) AS applied
+}
+CALL (e, applied) {
   UNWIND range(0, size(coalesce(e.rel_sources, [])) - 1) AS i
   MATCH (:Entity {uid: e.rel_sources[i]})-[r:RELATED_TO]->(:Entity {uid: e.rel_targets[i]})
   WHERE coalesce(r.predicate, $default_predicate) = coalesce(e.rel_predicates[i], $default_predicate)
-  WITH DISTINCT r, e
-  WITH r, e.id = r.reopened_by AS undo, [k IN coalesce(r.replaces, []) WHERE NOT k IN coalesce(e.end_keys, [])] AS kept
+  WITH DISTINCT r, e, applied
+  WITH r, e.id = r.reopened_by AS undo, [k IN coalesce(r.replaces, []) WHERE NOT k IN applied] AS kept
   SET r.replaces = CASE WHEN size(kept) = 0 THEN null ELSE kept END,
       r.valid_from = CASE WHEN undo THEN r.before_valid_from ELSE r.valid_from END,
       r.invalid_from = CASE WHEN undo THEN r.before_invalid_from ELSE r.invalid_from END,
