@@ -280,6 +280,7 @@ UNWIND range(0, size($hits) - 1) AS rank
 WITH rank, $hits[rank] AS hit
 MATCH (ep:Episode {id: hit.id})
 WHERE ep.user_id = $user_id AND ($as_of IS NULL OR coalesce(ep.occurred_at, ep.created_at) <= $as_of)
+WITH rank, hit, ep ORDER BY rank LIMIT $limit  // with $as_of, more hits come than are kept: the first that happened
 OPTIONAL MATCH (c:Chunk {episode_id: hit.id, seq: hit.seq})
 WITH rank, ep, c, CASE WHEN c.end - c.start > $max_window_chars THEN $max_window_chars ELSE c.end - c.start END AS n
 WITH rank, ep, CASE WHEN c IS NULL OR ep.content IS NULL THEN '' ELSE substring(ep.content, c.start, n) END AS passage

@@ -160,6 +160,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
                     matched_names=[""] * names,
                     user_id="",
                     as_of=None,
+                    limit=1,
                     max_relations=1,
                     max_neighbours=1,
                     max_seeds=1,
@@ -324,6 +325,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
                 matched_names=[n[len("entity:") :] for r in ranked for n in r.matched_by if n.startswith("entity:")],
                 user_id=user_id,
                 as_of=as_of,
+                limit=limit,
                 max_relations=limit * 4,
                 max_neighbours=limit * 2,
                 max_seeds=max(limit, 5),  # each seed costs a scan of its RELATED_TO edges
@@ -354,7 +356,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
             )
             for e in row["episodes"]
             if e["id"] in order
-        ][:limit]
+        ]
         # the returned episodes' own entities first (most mentioned first), then their one-hop neighbours
         entities = sorted((n for n in row["entities"] if n["hop"] == 0), key=lambda n: -(n["mentions"] or 0))
         entities = entities[: limit * 4] + [n for n in row["entities"] if n["hop"] == 1]
