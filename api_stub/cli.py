@@ -25,6 +25,9 @@ from worker.errors import EpisodeRejected, MemoryServiceError, QueueFull
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
 from worker.settings import Settings
 
+DEFAULT_EXTRACT_PROCESSES = 2  # one Python process uses one core: two keep this 2-core reference machine busy
+DEFAULT_EXTRACT_THREADS = 64  # LLM calls (and their inline writes) in flight per process
+DEFAULT_PERSIST_THREADS = 32  # threads that only wait for their batch's commit
 QUEUE_FULL_WAIT_S = 600.0  # memctl import waits this long for a full queue to drain before it gives up
 
 
@@ -41,17 +44,22 @@ main.add_command(mcp)
 
 
 @main.command()
-@click.option("--extract-concurrency", default=16, show_default=True, help="Threads for LLM extraction.")
+@click.option(
+    "--extract-concurrency",
+    default=DEFAULT_EXTRACT_THREADS,
+    show_default=True,
+    help="Threads per extract process: LLM calls (and, inline, their writes) in flight at once.",
+)
 @click.option(
     "--extract-processes",
-    default=1,
+    default=DEFAULT_EXTRACT_PROCESSES,
     show_default=True,
     type=click.IntRange(1, 64),
     help="Extract worker processes, each with --extract-concurrency threads (one Python process uses one core).",
 )
 @click.option(
     "--persist-concurrency",
-    default=32,
+    default=DEFAULT_PERSIST_THREADS,
     show_default=True,
     help="Persist threads; those waiting together share one Neo4j transaction (MEMORY_PERSIST_BATCH).",
 )

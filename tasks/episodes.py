@@ -1,15 +1,26 @@
-"""The two stage tasks of the write path, chained: extract (queue memory.extract) → persist (memory.persist)."""
+"""The two stage tasks of the write path, chained: extract (queue memory.extract) → persist (memory.persist).
+
+With MEMORY_PERSIST_INLINE (the default) the extract task also writes its extraction, through the process's
+group commit, and ends the chain there: one Celery task per episode. Only an extraction that write could not
+store (Neo4j away, an erasure running, anything else) goes on to the persist task, which retries it with
+backoff or dead-letters it as before, without asking the model again.
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from celery import states
+
 from tasks.base import StageTask
-from worker.celery_app import EXTRACT_TASK, PERSIST_TASK, app
+from worker.celery_app import EXTRACT_TASK, PERSIST_TASK, app, persist_task_id
 from worker.models import Episode
 from worker.pipeline import extract_stage, persist_stage, reextract_stage
-from worker.runtime import Runtime
+from worker.runtime import Runtime, runtime
 from worker.sessions import messages_digest, progress_key
+
+log = logging.getLogger(__name__)
 
 
 class ExtractTask(StageTask):
@@ -27,42 +38,70 @@ def _extract(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
         outcome = stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm)
         if outcome["status"] == "extracted":
             rt.stats.extracted(outcome["record"])
+        if rt.settings.persist_inline:
+            return _persist_inline(self, rt, outcome)
         return self.redelivered(outcome)
 
-    return self.guarded(payload, body)
+    outcome = self.guarded(payload, body)
+    if outcome.get("status") != "extracted" and runtime().settings.persist_inline:
+        _finish_chain(self, outcome)
+    return outcome
+
+
+def _persist_inline(task: StageTask, rt: Runtime, extraction: dict[str, Any]) -> dict[str, Any]:
+    """The persist stage run in the extract task: the episode's final outcome (an upstream one such as
+    `unchanged` passes through it), or, when that fails, the extraction itself, which the chain hands to the
+    persist task (retries with backoff, dead letter, and no model call again)."""
+    try:
+        return _persisted(task, rt, extraction)
+    except Exception as exc:
+        log.warning(
+            "inline persist failed; the persist queue takes it",
+            extra={"episode_id": extraction["episode_id"], "error_class": type(exc).__name__},
+        )
+        return extraction
+
+
+def _finish_chain(task: StageTask, outcome: dict[str, Any]) -> None:
+    """The episode's outcome is final in the extract task: stored where the caller's receipt (the persist task
+    id) looks for it, and the chain stops here (Celery publishes the rest of request.chain after return)."""
+    task.request.chain = None
+    task.backend.store_result(persist_task_id(str(outcome["episode_id"])), outcome, states.SUCCESS)
 
 
 def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
-    def body(rt: Runtime) -> dict[str, Any]:
-        if payload.get("status") == "extracted":  # upstream outcomes (unchanged, dead-lettered) pass through
-            rt.ensure_schema()
+    return self.guarded(payload, lambda rt: _persisted(self, rt, payload))
 
-        def extract_again(source_digest: str) -> dict[str, Any] | None:
-            """The same send extracted again against the session's line as it is now (from its in-flight
-            record; None if it is gone or another send of the same id replaced it)."""
-            accepted = rt.inflight.payload(payload["episode_id"])
-            if (
-                accepted is None
-                or "episode" not in accepted  # a replayed persist: only its extraction is in flight
-                or messages_digest(Episode.model_validate(accepted["episode"]).messages) != source_digest
-            ):
-                return None
-            fresh = extract_stage(accepted, settings=rt.settings, store=rt.store, llm=rt.llm)
-            if fresh["status"] == "extracted":
-                rt.stats.extracted(fresh["record"])  # its model calls and cost count like any extraction
-            return fresh
 
-        outcome = persist_stage(
-            payload, save=rt.group_commit.save, extract_again=extract_again, replace=rt.store.replace_extraction
-        )
-        if outcome["status"] == "unchanged" and _stored_by_this_send(rt, payload):
-            outcome = {**outcome, "status": "persisted"}
-        if outcome["status"] == "persisted" and outcome["created"] and not payload.get("reextract"):
-            rt.stats.persisted()  # a re-extraction replaces an episode: it is not one more
-        rt.inflight.done(outcome["episode_id"])  # final: persisted, unchanged, forgotten, conflict, dead-lettered
-        return self.redelivered(outcome)
+def _persisted(task: StageTask, rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
+    """An extraction (or an upstream outcome, passed through) written, its in-flight record done."""
+    if payload.get("status") == "extracted":  # upstream outcomes (unchanged, dead-lettered) pass through
+        rt.ensure_schema()
 
-    return self.guarded(payload, body)
+    def extract_again(source_digest: str) -> dict[str, Any] | None:
+        """The same send extracted again against the session's line as it is now (from its in-flight
+        record; None if it is gone or another send of the same id replaced it)."""
+        accepted = rt.inflight.payload(payload["episode_id"])
+        if (
+            accepted is None
+            or "episode" not in accepted  # a replayed persist: only its extraction is in flight
+            or messages_digest(Episode.model_validate(accepted["episode"]).messages) != source_digest
+        ):
+            return None
+        fresh = extract_stage(accepted, settings=rt.settings, store=rt.store, llm=rt.llm)
+        if fresh["status"] == "extracted":
+            rt.stats.extracted(fresh["record"])  # its model calls and cost count like any extraction
+        return fresh
+
+    outcome = persist_stage(
+        payload, save=rt.group_commit.save, extract_again=extract_again, replace=rt.store.replace_extraction
+    )
+    if outcome["status"] == "unchanged" and _stored_by_this_send(rt, payload):
+        outcome = {**outcome, "status": "persisted"}
+    if outcome["status"] == "persisted" and outcome["created"] and not payload.get("reextract"):
+        rt.stats.persisted()  # a re-extraction replaces an episode: it is not one more
+    rt.inflight.done(outcome["episode_id"])  # final: persisted, unchanged, forgotten, conflict, dead-lettered
+    return task.redelivered(outcome)
 
 
 def _stored_by_this_send(rt: Runtime, payload: dict[str, Any]) -> bool:

@@ -175,9 +175,9 @@ def test_a_store_outage_reaches_every_episode_of_the_batch_as_transient(
 
 
 def persist_once_all_extracted(workers: Workers, redis: RedisClient, waiting: int) -> None:
-    """An extract worker first; a persist worker only once `waiting` extractions wait for it, so that its
-    threads take them at once."""
-    workers("--queues", EXTRACT_QUEUE)
+    """An extract worker that leaves its extractions to the persist queue first; a persist worker only once
+    `waiting` extractions wait for it, so that its threads take them at once."""
+    workers("--queues", EXTRACT_QUEUE, MEMORY_PERSIST_INLINE="false")
     wait_until(lambda: redis.llen(PERSIST_QUEUE) == waiting, 60, f"{waiting} extractions waiting for persistence")
     workers("--queues", PERSIST_QUEUE, MEMORY_PERSIST_BATCH_WAIT_MS="300")
 

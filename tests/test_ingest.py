@@ -16,7 +16,7 @@ from tests.test_policy_and_dlq import memctl
 from tests.workers import WorkerProcess
 from worker.errors import EpisodeRejected
 from worker.graph.neo4j_store import Neo4jGraphStore
-from worker.keys import EXTRACT_QUEUE
+from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
 
 Workers = Callable[..., WorkerProcess]
 
@@ -39,6 +39,27 @@ def test_200_episodes_from_5_users(
         assert facts["episodes"] == 40
         assert sorted(facts["names"]) == sorted(names[user])  # deduplicated per user
         assert facts["mentions"] == facts["pairs"] == facts["counters"]
+
+
+def test_an_extract_worker_alone_writes_each_episode_in_its_one_task(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    new_user: Callable[[str], str],
+) -> None:
+    """With the default MEMORY_PERSIST_INLINE, no persist message is published: nothing consumes the persist
+    queue here, so one would wait there. Outcomes (a send again: unchanged) still reach wait()."""
+    user = new_user("inline")
+    items, _ = episodes_for([user], 20, seed=5)
+    workers("--queues", EXTRACT_QUEUE)
+    states = client.wait(client.add_episodes(items), timeout_s=120)
+    assert [s.state for s in states] == ["persisted"] * 20
+    again = client.wait([client.add_episode(**items[0])], timeout_s=60)
+    assert again[0].state == "unchanged"
+    assert clean_redis.llen(PERSIST_QUEUE) == 0
+    facts = graph_facts(store, user)
+    assert facts["episodes"] == 20 and facts["mentions"] == facts["pairs"] == facts["counters"]
 
 
 def test_invalid_input_enqueues_nothing(clean_redis: RedisClient, client: MemoryClient) -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +68,42 @@ def test_sigkilled_worker_group_then_new_worker_persists_everything_once(
 
 
 @pytest.mark.usefixtures("neo4j_restorer")
+def test_an_inline_write_that_fails_goes_to_the_persist_queue_without_asking_the_model_again(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    standin: StandIn,
+    new_user: Callable[[str], str],
+) -> None:
+    """Neo4j goes away while the model answers: the extract task cannot write what it extracted, so its
+    chain takes the extraction to the persist task, which retries until Neo4j is back."""
+    gate = threading.Event()
+
+    def reply(_request: dict[str, Any]) -> Reply:
+        gate.wait(60)
+        return answer(GOOD)
+
+    standin.default = reply
+    user = new_user("handover")
+    items, _ = episodes_for([user], 5, seed=7)
+    env = {**stand_in_env(standin), "MEMORY_RETRY_MAX_ATTEMPTS": "60", "MEMORY_NEO4J_RETRY_TIME_S": "0"}
+    worker = workers(**env)
+    receipts = client.add_episodes(items)
+    wait_until(lambda: standin.calls == 5, 60, "every extraction waiting on the model")
+    services("down", "neo4j")
+    gate.set()
+    wait_until(lambda: worker.log_path.read_text().count("inline persist failed") == 5, 60, "inline writes failing")
+    services("up", "neo4j")
+    states = client.wait(receipts, timeout_s=120)
+    assert {s.state for s in states} == {"persisted"}
+    assert sorted(extraction_calls(standin).values()) == [1] * 5  # the persist task never asked the model
+    facts = graph_facts(store, user)
+    assert facts["episodes"] == 5 and facts["mentions"] == 10
+    assert DeadLetterStore(clean_redis).list() == []
+
+
+@pytest.mark.usefixtures("neo4j_restorer")
 def test_neo4j_outage_retries_only_persist(
     clean_redis: RedisClient,
     workers: Workers,
@@ -78,7 +115,7 @@ def test_neo4j_outage_retries_only_persist(
     standin.default = lambda _request: answer(GOOD)
     user = new_user("outage")
     items, _ = episodes_for([user], 20, seed=4)
-    workers("--queues", EXTRACT_QUEUE, **stand_in_env(standin))
+    workers("--queues", EXTRACT_QUEUE, MEMORY_PERSIST_INLINE="false", **stand_in_env(standin))
     receipts = client.add_episodes(items)
     wait_until(lambda: clean_redis.llen(PERSIST_QUEUE) == 20, 60, "all extractions")
     services("down", "neo4j")
@@ -147,7 +184,7 @@ def test_persist_stage_dead_letter_keeps_the_extraction_and_replay_skips_the_llm
     standin.default = lambda _request: answer(GOOD)
     user = new_user("pdlq")
     items, _ = episodes_for([user], 5, seed=6)
-    workers("--queues", EXTRACT_QUEUE, **stand_in_env(standin))
+    workers("--queues", EXTRACT_QUEUE, MEMORY_PERSIST_INLINE="false", **stand_in_env(standin))
     receipts = client.add_episodes(items)
     wait_until(lambda: clean_redis.llen(PERSIST_QUEUE) == 5, 60, "extractions")
     services("down", "neo4j")

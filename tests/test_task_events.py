@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from celery import Celery
 
 from api_stub.client import MemoryClient
@@ -54,7 +55,9 @@ class EventLog:
         self._thread.join(5)
 
 
+@pytest.mark.parametrize("inline", ["true", "false"])
 def test_no_message_or_extraction_text_in_any_event_of_a_run_with_a_retry(
+    inline: str,
     settings: Settings,
     clean_redis: RedisClient,
     client: MemoryClient,
@@ -67,18 +70,21 @@ def test_no_message_or_extraction_text_in_any_event_of_a_run_with_a_retry(
         answer({"summary": EXTRACTED, "entities": [{"name": "Zanzibar-R2", "type": "person"}]}),
     )
     env = {"MEMORY_LLM_MODEL": "openai/stand-in", "MEMORY_LLM_API_BASE": standin.url, "MEMORY_LLM_API_KEY": "sk-x"}
-    workers(**env, MEMORY_RETRY_BACKOFF_BASE_S="0.2")
+    workers(**env, MEMORY_RETRY_BACKOFF_BASE_S="0.2", MEMORY_PERSIST_INLINE=inline)
+    # Inline, the extract task writes and ends its chain; otherwise a persist task carries the extraction.
+    tasks = 1 if inline == "true" else 2
     with EventLog(settings) as log:
         receipt = client.add_episode(new_user("events"), "s1", [{"role": "user", "content": SAID}])
         [state] = client.wait([receipt], timeout_s=60)
         assert state.state == "persisted"
         assert standin.calls == 2
-        deadline = time.monotonic() + 10  # the persist task's own success event follows its result
-        while sum(e["type"] == "task-succeeded" for e in log.events) < 2 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10  # the last task's own success event follows its result
+        while sum(e["type"] == "task-succeeded" for e in log.events) < tasks and time.monotonic() < deadline:
             time.sleep(0.1)
     kinds = {e["type"] for e in log.events}
     assert {"task-received", "task-retried", "task-succeeded"} <= kinds, kinds
-    assert sum(1 for e in log.events if e["type"] == "task-received") >= 3  # extract, its retry, persist
+    assert sum(1 for e in log.events if e["type"] == "task-received") == 1 + tasks  # extract, its retry[, persist]
+    assert sum(1 for e in log.events if e["type"] == "task-succeeded") == tasks
     dumped = json.dumps(log.events, default=str)
     for secret in ("Kilimanjaro", "Zanzibar", "bees", "mill"):
         assert secret not in dumped, secret

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from api_stub.cli import DEFAULT_EXTRACT_PROCESSES
 from tests.services import ROOT
 
 # Small timings so redelivery and retries happen in seconds; the settings still check visibility > cap + limit.
@@ -32,16 +33,21 @@ def worker_env(**overrides: str) -> dict[str, str]:
 
 
 class WorkerProcess:
-    def __init__(self, log_path: Path, env: dict[str, str], *args: str) -> None:
+    def __init__(self, log_path: Path, env: dict[str, str], *args: str, defaults: bool = False) -> None:
+        """args: `memctl worker` options. One extract process unless --extract-processes is given or
+        `defaults` (the default, two, only costs the tests start-up time; benchmarks run the defaults)."""
         self.log_path = log_path
         self.env = env
-        self.args = args
+        one = defaults or "--extract-processes" in args
+        self.args = args if one else (*args, "--extract-processes", "1")
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 60) -> WorkerProcess:
         # one `ready.` line per Celery worker: one per queue, and --extract-processes of the extract queue
         extract = (
-            int(self.args[self.args.index("--extract-processes") + 1]) if "--extract-processes" in self.args else 1
+            int(self.args[self.args.index("--extract-processes") + 1])
+            if "--extract-processes" in self.args
+            else DEFAULT_EXTRACT_PROCESSES
         )
         queues = 1 if "--queues" in self.args else 1 + extract
         with self.log_path.open("ab") as log:

@@ -130,6 +130,23 @@ def _announce(**_: Any) -> None:
     current(settings.redis_url, settings.worker_dead_after_s)
 
 
+def _prepare_schema(**_: Any) -> None:
+    """Ensure the graph schema as soon as the worker is ready, in the background, not in its first tasks
+    (each persist waits for it; a failure here leaves it to them)."""
+    import threading
+
+    threading.Thread(target=_ensure_schema, name="schema", daemon=True).start()
+
+
+def _ensure_schema() -> None:
+    from worker.runtime import runtime
+
+    try:
+        runtime().ensure_schema()
+    except Exception as exc:  # Neo4j away: the first persist ensures it, and retries on failure
+        log.warning("schema not ensured at start", extra={"error_class": type(exc).__name__})
+
+
 def _note_received(request: Any = None, **_: Any) -> None:
     """Every message this worker receives (a retry waiting for its countdown too) is noted as held by it."""
     from worker.liveness import current
@@ -168,6 +185,7 @@ def _import_litellm() -> None:
 app.on_configure.connect(_configure)
 worker_ready.connect(_announce)
 worker_ready.connect(_load_litellm)
+worker_ready.connect(_prepare_schema)
 task_received.connect(_note_received)
 worker_process_shutdown.connect(_close_connections)
 worker_shutdown.connect(_close_connections)

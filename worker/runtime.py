@@ -28,11 +28,18 @@ class Runtime:
     stats: Stats
     group_commit: GroupCommit
     _schema_ready: bool = field(default=False)
+    _schema_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ensure_schema(self) -> None:
-        if not self._schema_ready:
-            self.store.ensure_schema()
-            self._schema_ready = True
+        """Once per process. One thread at a time: on a Neo4j just started, planning the schema and recall
+        statements takes seconds, and every task thread doing it at once takes several times as long (while
+        each holds its message)."""
+        if self._schema_ready:
+            return
+        with self._schema_lock:
+            if not self._schema_ready:
+                self.store.ensure_schema()
+                self._schema_ready = True
 
     def close(self) -> None:
         self.store.close()

@@ -147,6 +147,11 @@ class Settings(BaseSettings):
     sweep_grace_s: int = Field(
         60, ge=0, le=86_400, description="With the broker idle, an episode silent this long counts as lost."
     )
+    persist_inline: bool = Field(
+        True,
+        description="The extract task writes its extraction itself (one Celery task per episode); the persist "
+        "queue carries only what that write could not do, and replays (false: every extraction goes through it).",
+    )
     persist_batch: int = Field(
         50,
         ge=1,

@@ -34,7 +34,7 @@ def main() -> None:
     client = MemoryClient(settings)
     store = Neo4jGraphStore.from_settings(settings)
     user = f"bench-fresh-{uuid.uuid4().hex[:8]}"
-    worker = WorkerProcess(Path(tempfile.mkdtemp()) / "worker.log", {**os.environ}).start()
+    worker = WorkerProcess(Path(tempfile.mkdtemp()) / "worker.log", {**os.environ}, defaults=True).start()
     returned: dict[str, float] = {}
     seen: dict[str, float] = {}
     offering = threading.Event()

@@ -87,7 +87,8 @@ def measure(language: str, conversations: list[Conversation], url: str, store: N
     text_chars = sum(len(m["content"]) for c in conversations for m in c)
     text_bytes = sum(len(m["content"].encode("utf-8")) for c in conversations for m in c)
     logs = Path(tempfile.mkdtemp())
-    env = worker_env(MEMORY_REDIS_URL=url)
+    # Extractions wait on the persist queue only when they are not written inline: measure that stage.
+    env = worker_env(MEMORY_REDIS_URL=url, MEMORY_PERSIST_INLINE="false")
     stages: dict[str, Any] = {}
     try:
         base = used(r)

@@ -1,13 +1,18 @@
 """Celery's own ceiling, for bench_ingest: the write path's two stages as no-op tasks on the broker settings
 of the real app (worker/celery_app.py), on queues of their own. Started as `celery -A
-tests.benchmarks.noop_app worker`; the second task counts its runs in Redis, like the stats the real one keeps.
+tests.benchmarks.noop_app worker`; the task that ends an episode counts its runs in Redis, like the stats the
+real one keeps.
+
+Two shapes: `first` → `second`, two tasks per episode (the write path before inline persistence), and
+`only` → `second`, where `only` ends the chain and stores the outcome itself, as the real extract task does
+when it writes its extraction inline (one task per episode; `second` never runs).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task, states
 
 from worker.celery_app import celery_config
 from worker.kombu_clients import reuse_redis_clients
@@ -17,6 +22,7 @@ FIRST_QUEUE = "bench.noop.first"
 SECOND_QUEUE = "bench.noop.second"
 FIRST = "bench.noop_first"
 SECOND = "bench.noop_second"
+ONLY = "bench.noop_only"
 DONE_KEY = "bench:noop:done"
 
 app = Celery("noop")
@@ -27,7 +33,7 @@ def _configure(sender: Celery, **_: Any) -> None:
     config.update(
         include=[],
         task_default_queue=FIRST_QUEUE,
-        task_routes={FIRST: {"queue": FIRST_QUEUE}, SECOND: {"queue": SECOND_QUEUE}},
+        task_routes={FIRST: {"queue": FIRST_QUEUE}, ONLY: {"queue": FIRST_QUEUE}, SECOND: {"queue": SECOND_QUEUE}},
     )
     sender.conf.update(config)
     reuse_redis_clients()
@@ -45,3 +51,12 @@ def first(payload: dict[str, Any]) -> dict[str, Any]:
 def second(payload: dict[str, Any]) -> dict[str, Any]:
     app.backend.client.incr(DONE_KEY)
     return {"episode_id": payload["episode_id"], "status": "persisted"}
+
+
+@app.task(name=ONLY, bind=True, ignore_result=True)  # type: ignore[untyped-decorator]
+def only(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
+    self.request.chain = None
+    outcome = {"episode_id": payload["id"], "status": "persisted"}
+    self.backend.store_result(f"noop:{payload['id']}", outcome, states.SUCCESS)
+    app.backend.client.incr(DONE_KEY)
+    return outcome
