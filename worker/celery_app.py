@@ -130,10 +130,14 @@ def _announce(**_: Any) -> None:
     current(settings.redis_url, settings.worker_dead_after_s)
 
 
-def _prepare_schema(**_: Any) -> None:
+def _prepare_schema(sender: Any = None, **_: Any) -> None:
     """Ensure the graph schema as soon as the worker is ready, in the background, not in its first tasks
-    (each persist waits for it; a failure here leaves it to them)."""
+    (each persist waits for it; a failure here leaves it to them). Only for this app's workers: another app
+    that imports this module (the benchmarks' no-op app) gets none."""
     import threading
+
+    if getattr(sender, "app", app) is not app:
+        return
 
     threading.Thread(target=_ensure_schema, name="schema", daemon=True).start()
 
