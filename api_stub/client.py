@@ -181,9 +181,11 @@ class MemoryClient(MemoryTransfer):
         extraction (persist alone, no LLM call); returns the final (persist) task id."""
         if "episode" in payload:
             return self.publish(payload)
-        from worker.celery_app import persist_signature
+        from worker.celery_app import persist_signature, persist_task_id
 
-        return str(persist_signature(self._celery(), payload["episode_id"], payload).apply_async().id)
+        app = self._celery()
+        app.backend.forget(persist_task_id(payload["episode_id"]))  # the failed attempt's outcome is not this one's
+        return str(persist_signature(app, payload["episode_id"], payload).apply_async().id)
 
     def wait(self, receipts: Sequence[EpisodeReceipt], timeout_s: float = 60.0) -> list[EpisodeState]:
         """Each episode's state once final, or 'pending' for those not final when the timeout ends."""

@@ -113,7 +113,7 @@ def test_a_replay_that_fails_again_at_once_keeps_its_new_dead_letter(clean_redis
 
 
 def test_a_replayed_persist_letter_is_in_flight_until_it_is_final(clean_redis: RedisClient) -> None:
-    from api_stub.client import MemoryClient
+    from api_stub.client import EpisodeReceipt, MemoryClient
     from worker.inflight import InFlight
     from worker.keys import PERSIST_QUEUE
 
@@ -130,10 +130,15 @@ def test_a_replayed_persist_letter_is_in_flight_until_it_is_final(clean_redis: R
         message="neo4j unavailable",
     )
     client = MemoryClient(Settings.load())
+    # What the failed persist task left where the caller's receipt looks: not the replay's outcome.
+    dead = {"episode_id": "e9", "user_id": "u1", "status": "dead_lettered"}
+    client._celery().backend.store_result("persist:e9", dead, "SUCCESS")
     try:
         store.replay("persist:e9", lambda letter: enqueue_letter(client, letter))
+        [state] = client.wait([EpisodeReceipt(episode_id="e9", task_id="persist:e9")], timeout_s=0.5)
     finally:
         client.close()
+    assert state.state == "pending"  # no worker ran the replay yet
     assert store.count() == 0 and clean_redis.llen(PERSIST_QUEUE) == 1  # persist alone: no LLM call
     # Recorded in flight with its extraction, so a message the broker loses is found again by the sweep.
     [(episode_id, payload)] = InFlight(clean_redis).overdue(-60)
