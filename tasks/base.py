@@ -49,13 +49,10 @@ class StageTask(Task):  # type: ignore[misc]
     Request = QuietRequest
     resultrepr_maxsize = 64  # Celery reprs every result (an extraction is large); neither logs nor events show it
 
-    def guarded(self, payload: dict[str, Any], body: Callable[[Runtime, Any], dict[str, Any]]) -> dict[str, Any]:
+    def guarded(self, payload: dict[str, Any], body: Callable[[Runtime], dict[str, Any]]) -> dict[str, Any]:
         """Run body; retry transient failures with backoff; dead-letter permanent ones, exhausted retries
         and messages delivered max_deliveries times without finishing (they keep killing their worker).
-        The dead letter is written before this returns, so before the message is acknowledged.
-
-        body(rt, end) queues what it records once it is done (counts, the episode's in-flight record done)
-        on `end`, a MULTI pipeline this sends after it, with the delivery's end: one round trip."""
+        The dead letter is written before this returns, so before the message is acknowledged."""
         rt = runtime()
         request = self.request
         episode_id = _episode_id(payload)
@@ -68,11 +65,8 @@ class StageTask(Task):  # type: ignore[misc]
         if deliveries > rt.settings.max_deliveries:
             message = f"delivered {deliveries - 1} times without finishing (worker lost each time)"
             return self._dead_letter(rt, payload, "DeliveryLimitExceeded", message, "", delivery_key)
-        end = rt.redis.pipeline(transaction=True)
         try:
-            result = body(rt, end)
-            end.delete(delivery_key)
-            end.execute()  # failing, it is retried like body: the next attempt finds the episode stored
+            result = body(rt)
         except Retry:
             raise
         except Exception as exc:
@@ -88,14 +82,13 @@ class StageTask(Task):  # type: ignore[misc]
                         "delay_s": round(delay, 2),
                     },
                 )
-                end.delete(delivery_key)  # with any counts body queued (a model call paid before it failed)
-                rt.inflight.touch(episode_id, time.time() + delay, end)
-                end.execute()
+                rt.redis.delete(delivery_key)
+                rt.inflight.touch(episode_id, time.time() + delay)
                 # A retry is a new message: without argsrepr Celery would put the payload in its events.
                 retry_repr = args_repr(self.name, episode_id)
                 raise self.retry(exc=exc, countdown=delay, argsrepr=retry_repr, kwargsrepr="{}") from exc
-            end.execute()  # the counts body queued
             return self._dead_letter(rt, payload, type(exc).__name__, str(exc), traceback.format_exc(), delivery_key)
+        rt.redis.delete(delivery_key)
         return result
 
     def _dead_letter(

@@ -33,13 +33,13 @@ class PersistTask(StageTask):
 
 
 def _extract(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
-    def body(rt: Runtime, end: Any) -> dict[str, Any]:
+    def body(rt: Runtime) -> dict[str, Any]:
         stage = reextract_stage if payload.get("reextract") else extract_stage  # memctl reextract
         outcome = stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm)
         if outcome["status"] == "extracted":
-            rt.stats.extracted(outcome["record"], end)
+            rt.stats.extracted(outcome["record"])
         if rt.settings.persist_inline:
-            return _persist_inline(self, rt, outcome, end)
+            return _persist_inline(self, rt, outcome)
         return self.redelivered(outcome)
 
     outcome = self.guarded(payload, body)
@@ -48,12 +48,12 @@ def _extract(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
     return outcome
 
 
-def _persist_inline(task: StageTask, rt: Runtime, extraction: dict[str, Any], end: Any) -> dict[str, Any]:
+def _persist_inline(task: StageTask, rt: Runtime, extraction: dict[str, Any]) -> dict[str, Any]:
     """The persist stage run in the extract task: the episode's final outcome (an upstream one such as
     `unchanged` passes through it), or, when that fails, the extraction itself, which the chain hands to the
     persist task (retries with backoff, dead letter, and no model call again)."""
     try:
-        return _persisted(task, rt, extraction, end)
+        return _persisted(task, rt, extraction)
     except Exception as exc:
         log.warning(
             "inline persist failed; the persist queue takes it",
@@ -70,12 +70,11 @@ def _finish_chain(task: StageTask, outcome: dict[str, Any]) -> None:
 
 
 def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
-    return self.guarded(payload, lambda rt, end: _persisted(self, rt, payload, end))
+    return self.guarded(payload, lambda rt: _persisted(self, rt, payload))
 
 
-def _persisted(task: StageTask, rt: Runtime, payload: dict[str, Any], end: Any) -> dict[str, Any]:
-    """An extraction (or an upstream outcome, passed through) written, its in-flight record done (queued on
-    `end`, which the task sends once it returns: see StageTask.guarded)."""
+def _persisted(task: StageTask, rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
+    """An extraction (or an upstream outcome, passed through) written, its in-flight record done."""
     if payload.get("status") == "extracted":  # upstream outcomes (unchanged, dead-lettered) pass through
         rt.ensure_schema()
 
@@ -91,7 +90,7 @@ def _persisted(task: StageTask, rt: Runtime, payload: dict[str, Any], end: Any) 
             return None
         fresh = extract_stage(accepted, settings=rt.settings, store=rt.store, llm=rt.llm)
         if fresh["status"] == "extracted":
-            rt.stats.extracted(fresh["record"], end)  # its model calls and cost count like any extraction
+            rt.stats.extracted(fresh["record"])  # its model calls and cost count like any extraction
         return fresh
 
     outcome = persist_stage(
@@ -100,8 +99,8 @@ def _persisted(task: StageTask, rt: Runtime, payload: dict[str, Any], end: Any) 
     if outcome["status"] == "unchanged" and _stored_by_this_send(rt, payload):
         outcome = {**outcome, "status": "persisted"}
     if outcome["status"] == "persisted" and outcome["created"] and not payload.get("reextract"):
-        rt.stats.persisted(end)  # a re-extraction replaces an episode: it is not one more
-    rt.inflight.done(outcome["episode_id"], end)  # final: persisted, unchanged, forgotten, conflict, dead-lettered
+        rt.stats.persisted()  # a re-extraction replaces an episode: it is not one more
+    rt.inflight.done(outcome["episode_id"])  # final: persisted, unchanged, forgotten, conflict, dead-lettered
     return task.redelivered(outcome)
 
 

@@ -34,13 +34,11 @@ class InFlight:
         `pipe`, the command is queued on that pipeline (the caller executes it)."""
         (pipe if pipe is not None else self._redis).zadd(keys.INFLIGHT_INDEX, {episode_id: at}, xx=True)
 
-    def done(self, episode_id: str, pipe: Any = None) -> None:
-        """The episode is final. With `pipe` (a MULTI pipeline, executed by the caller), queued on it."""
-        queue = pipe if pipe is not None else self._redis.pipeline(transaction=True)
-        queue.zrem(keys.INFLIGHT_INDEX, episode_id)
-        queue.hdel(keys.INFLIGHT_PAYLOADS, episode_id)
-        if pipe is None:
-            queue.execute()
+    def done(self, episode_id: str) -> None:
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.zrem(keys.INFLIGHT_INDEX, episode_id)
+        pipe.hdel(keys.INFLIGHT_PAYLOADS, episode_id)
+        pipe.execute()
 
     def payload(self, episode_id: str) -> dict[str, Any] | None:
         """The accepted episode's extract payload, while it is in flight."""

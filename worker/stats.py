@@ -26,9 +26,8 @@ class Stats:
     def __init__(self, redis: Any) -> None:
         self._redis = redis
 
-    def extracted(self, record: dict[str, Any], pipe: Any = None) -> None:
-        """An extraction finished (counted where the LLM was paid for, so retried persists cost nothing).
-        With `pipe`, the counts are queued on that pipeline (the caller executes it), as for persisted()."""
+    def extracted(self, record: dict[str, Any]) -> None:
+        """An extraction finished (counted where the LLM was paid for, so retried persists cost nothing)."""
         self._add(
             {
                 EXTRACTIONS + str(record.get("extraction", "unknown")): 1,
@@ -39,7 +38,6 @@ class Stats:
                 DROPPED + "relationship": int(record.get("dropped_relationships") or 0),
             },
             cost_usd=float(record.get("cost_usd") or 0.0),
-            pipe=pipe,
         )
 
     def llm_used(self, calls: int, prompt_tokens: int, completion_tokens: int, cost_usd: float) -> None:
@@ -49,23 +47,22 @@ class Stats:
             cost_usd=cost_usd,
         )
 
-    def persisted(self, pipe: Any = None) -> None:
-        self._add({EPISODES_PERSISTED: 1}, pipe=pipe)
+    def persisted(self) -> None:
+        self._add({EPISODES_PERSISTED: 1})
 
     def committed(self, episodes: int) -> None:
         """A persist transaction holding `episodes` episodes committed (worker/graph/group_commit.py)."""
         self._add({PERSIST_TRANSACTIONS: 1, PERSIST_TRANSACTION_EPISODES: episodes})
 
-    def _add(self, counts: dict[str, int], cost_usd: float = 0.0, pipe: Any = None) -> None:
+    def _add(self, counts: dict[str, int], cost_usd: float = 0.0) -> None:
         try:
-            queue = pipe if pipe is not None else self._redis.pipeline(transaction=False)
+            pipe = self._redis.pipeline(transaction=False)
             for name, n in counts.items():
                 if n:
-                    queue.hincrby(STATS, name, n)
+                    pipe.hincrby(STATS, name, n)
             if cost_usd:
-                queue.hincrbyfloat(STATS, LLM_COST_USD, cost_usd)
-            if pipe is None:
-                queue.execute()
+                pipe.hincrbyfloat(STATS, LLM_COST_USD, cost_usd)
+            pipe.execute()
         except Exception as exc:  # metrics must never fail or retry a write
             log.warning("could not count", extra={"error_class": type(exc).__name__})
 
