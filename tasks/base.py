@@ -12,6 +12,7 @@ from celery import Task
 from celery.exceptions import Retry
 from celery.worker.request import Request
 
+from tasks.end import TaskEnd
 from tasks.policy import retry_delay_s
 from worker import erasure, keys
 from worker.celery_app import args_repr
@@ -49,55 +50,72 @@ class StageTask(Task):  # type: ignore[misc]
     Request = QuietRequest
     resultrepr_maxsize = 64  # Celery reprs every result (an extraction is large); neither logs nor events show it
 
-    def guarded(self, payload: dict[str, Any], body: Callable[[Runtime], dict[str, Any]]) -> dict[str, Any]:
+    def guarded(self, payload: dict[str, Any], body: Callable[[Runtime, TaskEnd], dict[str, Any]]) -> dict[str, Any]:
         """Run body; retry transient failures with backoff; dead-letter permanent ones, exhausted retries
         and messages delivered max_deliveries times without finishing (they keep killing their worker).
-        The dead letter is written before this returns, so before the message is acknowledged."""
+        The dead letter is written before this returns, so before the message is acknowledged. What the
+        body and the dead letter leave to write at the end (tasks/end.py) is sent after all of that, once."""
         rt = runtime()
         request = self.request
         episode_id = _episode_id(payload)
-        delivery_key = keys.deliveries(request.id, request.retries or 0)
+        end = TaskEnd(keys.deliveries(request.id, request.retries or 0))
         pipe = rt.redis.pipeline(transaction=False)  # one round trip: the episode is alive, this delivery counted
         rt.inflight.touch(episode_id, time.time(), pipe)
-        pipe.incr(delivery_key)
-        pipe.expire(delivery_key, DELIVERY_KEY_TTL_S)
+        pipe.incr(end.delivery_key)
+        pipe.expire(end.delivery_key, DELIVERY_KEY_TTL_S)
         deliveries = int(pipe.execute()[1])
         if deliveries > rt.settings.max_deliveries:
             message = f"delivered {deliveries - 1} times without finishing (worker lost each time)"
-            return self._dead_letter(rt, payload, "DeliveryLimitExceeded", message, "", delivery_key)
+            outcome = self._dead_letter(rt, payload, "DeliveryLimitExceeded", message, "", end)
+        else:
+            outcome = self._run(rt, payload, body, end)
+        self.finish(outcome, end)
+        self._send(rt, end)
+        return outcome
+
+    def _run(
+        self, rt: Runtime, payload: dict[str, Any], body: Callable[[Runtime, TaskEnd], dict[str, Any]], end: TaskEnd
+    ) -> dict[str, Any]:
+        request = self.request
+        episode_id = _episode_id(payload)
         try:
-            result = body(rt)
+            return body(rt, end)
         except Retry:
             raise
         except Exception as exc:
             delay = retry_delay_s(exc, request.retries or 0, rt.settings)
-            if delay is not None:
-                log.warning(
-                    "stage failed; retrying",
-                    extra={
-                        "stage": self.stage,
-                        "episode_id": episode_id,
-                        "error_class": type(exc).__name__,
-                        "attempt": request.retries,
-                        "delay_s": round(delay, 2),
-                    },
-                )
-                rt.redis.delete(delivery_key)
-                rt.inflight.touch(episode_id, time.time() + delay)
-                # A retry is a new message: without argsrepr Celery would put the payload in its events.
-                retry_repr = args_repr(self.name, episode_id)
-                raise self.retry(exc=exc, countdown=delay, argsrepr=retry_repr, kwargsrepr="{}") from exc
-            return self._dead_letter(rt, payload, type(exc).__name__, str(exc), traceback.format_exc(), delivery_key)
-        rt.redis.delete(delivery_key)
-        return result
+            if delay is None:
+                return self._dead_letter(rt, payload, type(exc).__name__, str(exc), traceback.format_exc(), end)
+            log.warning(
+                "stage failed; retrying",
+                extra={
+                    "stage": self.stage,
+                    "episode_id": episode_id,
+                    "error_class": type(exc).__name__,
+                    "attempt": request.retries,
+                    "delay_s": round(delay, 2),
+                },
+            )
+            self._send(rt, end)  # this attempt's delivery counter, and what it counted before it failed
+            rt.inflight.touch(episode_id, time.time() + delay)
+            # A retry is a new message: without argsrepr Celery would put the payload in its events.
+            retry_repr = args_repr(self.name, episode_id)
+            raise self.retry(exc=exc, countdown=delay, argsrepr=retry_repr, kwargsrepr="{}") from exc
+
+    def finish(self, outcome: dict[str, Any], end: TaskEnd) -> None:
+        """The task's last word on an outcome (the extract task stores a final one for the caller)."""
+
+    def _send(self, rt: Runtime, end: TaskEnd) -> None:
+        """The task's end (tasks/end.py): the stage is over and is never retried for a failure of it."""
+        end.send(rt.redis, rt.inflight, self.backend, rt.stats)
 
     def _dead_letter(
-        self, rt: Runtime, payload: dict[str, Any], error_class: str, message: str, trace: str, delivery_key: str
+        self, rt: Runtime, payload: dict[str, Any], error_class: str, message: str, trace: str, end: TaskEnd
     ) -> dict[str, Any]:
         episode_id = _episode_id(payload)
         user_id = payload.get("user_id") or (payload.get("episode") or {}).get("user_id", "")
         if _erased_after_acceptance(rt, payload, user_id):  # no dead letter keeps an erased user's text
-            return self._forgotten(rt, episode_id, user_id, delivery_key)
+            return self._forgotten(episode_id, user_id, end)
         rt.dead_letters.add(
             stage=self.stage,
             task_name=self.name,
@@ -112,9 +130,8 @@ class StageTask(Task):  # type: ignore[misc]
         )
         if _erased_after_acceptance(rt, payload, user_id):  # erased while the record was written: the
             rt.dead_letters.remove(record_id(self.stage, episode_id))  # erasure's purge may have run before it
-            return self._forgotten(rt, episode_id, user_id, delivery_key)
-        rt.redis.delete(delivery_key)
-        rt.inflight.done(episode_id)  # the dead-letter store holds it now
+            return self._forgotten(episode_id, user_id, end)
+        end.done(episode_id)  # the dead-letter store holds it now
         log.error(
             "episode dead-lettered",
             extra={"stage": self.stage, "episode_id": episode_id, "error_class": error_class},
@@ -128,9 +145,8 @@ class StageTask(Task):  # type: ignore[misc]
             return {**outcome, "status": "persisted"}
         return outcome
 
-    def _forgotten(self, rt: Runtime, episode_id: str, user_id: str, delivery_key: str) -> dict[str, Any]:
-        rt.redis.delete(delivery_key)
-        rt.inflight.done(episode_id)
+    def _forgotten(self, episode_id: str, user_id: str, end: TaskEnd) -> dict[str, Any]:
+        end.done(episode_id)
         log.warning("erased user's episode dropped", extra={"stage": self.stage, "episode_id": episode_id})
         return {"episode_id": episode_id, "user_id": user_id, "status": "forgotten"}
 

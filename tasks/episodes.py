@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import states
-
 from tasks.base import StageTask
+from tasks.end import TaskEnd
 from worker.celery_app import EXTRACT_TASK, PERSIST_TASK, app, persist_task_id
 from worker.models import Episode
 from worker.pipeline import extract_stage, persist_stage, reextract_stage
@@ -27,33 +26,38 @@ class ExtractTask(StageTask):
     stage = "extract"
     ignore_result = True  # its result (conversation text) travels to persist in the message, not the backend
 
+    def finish(self, outcome: dict[str, Any], end: TaskEnd) -> None:
+        """With inline persistence, an outcome other than an extraction is final in the extract task: stored
+        where the caller's receipt (the persist task id) looks for it, and the chain stops here (Celery
+        publishes the rest of request.chain after return). An extraction goes on to the persist task."""
+        if outcome.get("status") != "extracted" and runtime().settings.persist_inline:
+            self.request.chain = None
+            end.store(persist_task_id(str(outcome["episode_id"])), outcome)
+
 
 class PersistTask(StageTask):
     stage = "persist"
 
 
 def _extract(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
-    def body(rt: Runtime) -> dict[str, Any]:
+    def body(rt: Runtime, end: TaskEnd) -> dict[str, Any]:
         stage = reextract_stage if payload.get("reextract") else extract_stage  # memctl reextract
         outcome = stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm)
         if outcome["status"] == "extracted":
-            rt.stats.extracted(outcome["record"])
+            end.extracted(outcome["record"])
         if rt.settings.persist_inline:
-            return _persist_inline(self, rt, outcome)
+            return _persist_inline(self, rt, outcome, end)
         return self.redelivered(outcome)
 
-    outcome = self.guarded(payload, body)
-    if outcome.get("status") != "extracted" and runtime().settings.persist_inline:
-        _finish_chain(self, outcome)
-    return outcome
+    return self.guarded(payload, body)
 
 
-def _persist_inline(task: StageTask, rt: Runtime, extraction: dict[str, Any]) -> dict[str, Any]:
+def _persist_inline(task: StageTask, rt: Runtime, extraction: dict[str, Any], end: TaskEnd) -> dict[str, Any]:
     """The persist stage run in the extract task: the episode's final outcome (an upstream one such as
     `unchanged` passes through it), or, when that fails, the extraction itself, which the chain hands to the
     persist task (retries with backoff, dead letter, and no model call again)."""
     try:
-        return _persisted(task, rt, extraction)
+        return _persisted(task, rt, extraction, end)
     except Exception as exc:
         log.warning(
             "inline persist failed; the persist queue takes it",
@@ -62,19 +66,13 @@ def _persist_inline(task: StageTask, rt: Runtime, extraction: dict[str, Any]) ->
         return extraction
 
 
-def _finish_chain(task: StageTask, outcome: dict[str, Any]) -> None:
-    """The episode's outcome is final in the extract task: stored where the caller's receipt (the persist task
-    id) looks for it, and the chain stops here (Celery publishes the rest of request.chain after return)."""
-    task.request.chain = None
-    task.backend.store_result(persist_task_id(str(outcome["episode_id"])), outcome, states.SUCCESS)
-
-
 def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
-    return self.guarded(payload, lambda rt: _persisted(self, rt, payload))
+    return self.guarded(payload, lambda rt, end: _persisted(self, rt, payload, end))
 
 
-def _persisted(task: StageTask, rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
-    """An extraction (or an upstream outcome, passed through) written, its in-flight record done."""
+def _persisted(task: StageTask, rt: Runtime, payload: dict[str, Any], end: TaskEnd) -> dict[str, Any]:
+    """An extraction (or an upstream outcome, passed through) written; its in-flight record done and its
+    counts made at the task's end."""
     if payload.get("status") == "extracted":  # upstream outcomes (unchanged, dead-lettered) pass through
         rt.ensure_schema()
 
@@ -90,7 +88,7 @@ def _persisted(task: StageTask, rt: Runtime, payload: dict[str, Any]) -> dict[st
             return None
         fresh = extract_stage(accepted, settings=rt.settings, store=rt.store, llm=rt.llm)
         if fresh["status"] == "extracted":
-            rt.stats.extracted(fresh["record"])  # its model calls and cost count like any extraction
+            end.extracted(fresh["record"])  # its model calls and cost count like any extraction
         return fresh
 
     outcome = persist_stage(
@@ -99,8 +97,8 @@ def _persisted(task: StageTask, rt: Runtime, payload: dict[str, Any]) -> dict[st
     if outcome["status"] == "unchanged" and _stored_by_this_send(rt, payload):
         outcome = {**outcome, "status": "persisted"}
     if outcome["status"] == "persisted" and outcome["created"] and not payload.get("reextract"):
-        rt.stats.persisted()  # a re-extraction replaces an episode: it is not one more
-    rt.inflight.done(outcome["episode_id"])  # final: persisted, unchanged, forgotten, conflict, dead-lettered
+        end.persisted()  # a re-extraction replaces an episode: it is not one more
+    end.done(outcome["episode_id"])  # final: persisted, unchanged, forgotten, conflict, dead-lettered
     return task.redelivered(outcome)
 
 

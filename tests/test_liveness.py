@@ -67,3 +67,25 @@ def test_a_long_list_of_old_held_messages_does_not_hide_a_lost_one(clean_redis: 
     holder.beat()
     delivered(clean_redis, "t-lost", OLD)
     assert orphans(clean_redis, 30) == (["t-lost"], [])
+
+
+def test_received_messages_are_noted_as_held_within_a_moment_without_waiting_for_a_beat(
+    clean_redis: RedisClient,
+) -> None:
+    holder = Holder(clean_redis, 30)
+    holder.start()
+    try:
+        time.sleep(0.3)  # the first beat is done: the next one is HEARTBEAT_S (5 s) away
+        for tag in ("t1", "t2", "t3"):
+            holder.hold(tag)
+        deadline = time.monotonic() + 1.0
+        while clean_redis.scard(keys.worker_held(holder.id)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        held = {t.decode() for t in clean_redis.smembers(keys.worker_held(holder.id))}
+        assert held == {"t1", "t2", "t3"}  # well before the next beat, and before any message is old enough
+        for tag in ("t1", "t2", "t3"):
+            delivered(clean_redis, tag, OLD)
+        assert orphans(clean_redis, 30) == ([], [])
+    finally:
+        holder.stop()
+    assert not clean_redis.exists(keys.worker_held(holder.id))  # a clean exit withdraws the set

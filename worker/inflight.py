@@ -34,11 +34,16 @@ class InFlight:
         `pipe`, the command is queued on that pipeline (the caller executes it)."""
         (pipe if pipe is not None else self._redis).zadd(keys.INFLIGHT_INDEX, {episode_id: at}, xx=True)
 
-    def done(self, episode_id: str) -> None:
-        pipe = self._redis.pipeline(transaction=True)
+    def done(self, episode_id: str, pipe: Any = None) -> None:
+        """The episode is finished. With `pipe`, the commands are queued on that pipeline (the caller executes
+        it): the index entry goes first, so a reader never finds one without its payload."""
+        own = pipe is None
+        if own:
+            pipe = self._redis.pipeline(transaction=True)
         pipe.zrem(keys.INFLIGHT_INDEX, episode_id)
         pipe.hdel(keys.INFLIGHT_PAYLOADS, episode_id)
-        pipe.execute()
+        if own:
+            pipe.execute()
 
     def payload(self, episode_id: str) -> dict[str, Any] | None:
         """The accepted episode's extract payload, while it is in flight."""

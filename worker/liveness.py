@@ -5,7 +5,8 @@ kombu's Redis transport keeps every message a worker received and has not acknow
 (and its time in `unacked_index`); it hands such a message out again only after the visibility timeout, which
 must outlast the longest retry countdown, so it is long. Here each Celery worker process:
 - notes the delivery tag of every message it receives (`task_received`, retries waiting for their countdown
-  included) in a set of its own, `memory:worker:held:<holder>`;
+  included) in a set of its own, `memory:worker:held:<holder>`: its heartbeat thread writes the tags received
+  within FLUSH_S in one SADD, so the consumer loop that receives them makes no round trip for it;
 - every HEARTBEAT_S renews its liveness key `memory:worker:alive:<holder>` (expiry: the dead-after setting,
   kept by Redis, so clocks do not matter) and re-writes the set from what it still holds (a tag no longer
   in `unacked` was acknowledged).
@@ -39,6 +40,7 @@ from worker import keys
 log = logging.getLogger("memory.liveness")
 
 HEARTBEAT_S = 5.0
+FLUSH_S = 0.05  # tags received within this are noted together (far below the dead-after age of a message)
 CONFIRM_S = 2 * HEARTBEAT_S  # a suspected worker is taken for dead only when silent this much longer
 PAGE = 1000
 HELD_TTL_S = 86_400  # a set outlives its worker only until the sweep clears it, or a day
@@ -52,17 +54,26 @@ class Holder:
         self._redis = redis
         self._dead_after_s = dead_after_s
         self._tags: set[str] = set()
+        self._unwritten: list[str] = []  # received, not yet in the held set
         self._lock = threading.Lock()
+        self._received = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
     def hold(self, tag: str) -> None:
+        """Note a received message as held (written by the heartbeat thread within FLUSH_S)."""
         with self._lock:
             self._tags.add(tag)
-        try:
-            self._redis.sadd(keys.worker_held(self.id), tag)
-        except Exception as exc:  # the next beat writes it
-            log.warning("held tag not recorded", extra={"error_class": type(exc).__name__})
+            self._unwritten.append(tag)
+        self._received.set()
+
+    def write_held(self) -> None:
+        """Write the tags received since the last write, in one round trip."""
+        self._received.clear()
+        with self._lock:
+            tags, self._unwritten = self._unwritten, []
+        if tags:
+            self._redis.sadd(keys.worker_held(self.id), *tags)
 
     def beat(self) -> None:
         with self._lock:
@@ -74,6 +85,7 @@ class Holder:
         with self._lock:
             self._tags.difference_update(gone)
             held = sorted(self._tags)
+            self._unwritten = []  # all written below
         pipe = self._redis.pipeline(transaction=True)
         pipe.set(keys.worker_alive(self.id), "1", ex=self._dead_after_s)
         pipe.delete(keys.worker_suspect(self.id))
@@ -94,15 +106,29 @@ class Holder:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stopped.wait(HEARTBEAT_S):
-            try:
-                self.beat()
-            except Exception as exc:  # Redis away for a moment: the next beat tries again
-                log.warning("heartbeat failed", extra={"error_class": type(exc).__name__})
+        next_beat = time.monotonic() + HEARTBEAT_S
+        while not self._stopped.is_set():
+            if self._received.wait(max(0.0, next_beat - time.monotonic())) and not self._stopped.is_set():
+                time.sleep(FLUSH_S)  # the tags received meanwhile go in the same write
+                if self._stopped.is_set():
+                    break
+                try:
+                    self.write_held()
+                except Exception as exc:  # the next beat writes them all
+                    log.warning("held tags not recorded", extra={"error_class": type(exc).__name__})
+            if time.monotonic() >= next_beat and not self._stopped.is_set():
+                next_beat = time.monotonic() + HEARTBEAT_S
+                try:
+                    self.beat()
+                except Exception as exc:  # Redis away for a moment: the next beat tries again
+                    log.warning("heartbeat failed", extra={"error_class": type(exc).__name__})
 
     def stop(self) -> None:
         """A clean exit: kombu gives back what this worker held when it closes its channel."""
         self._stopped.set()
+        self._received.set()  # wakes the heartbeat thread
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * FLUSH_S + 5)  # its last write lands before the set is withdrawn
         try:
             pipe = self._redis.pipeline(transaction=True)
             pipe.delete(keys.worker_alive(self.id), keys.worker_held(self.id))
