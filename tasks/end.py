@@ -10,7 +10,9 @@ cannot retry or dead-letter a stage whose write already committed. The pipeline 
 runs each command on its own, and a refused count (say, under `noeviction` at maxmemory) fails only itself.
 If a command that matters fails, or the round trip itself does, the writes are made again one by one (all
 idempotent; the counts are not, so they are sent again only when the round trip failed, and may then count
-twice, as the Redis client's own retry can); only an outcome that cannot be stored at all fails the task.
+twice, as the Redis client's own retry can): the outcome first, through Celery's own store_result and its
+retry policy; only an outcome that cannot be stored at all fails the task. An in-flight record or delivery
+counter left behind does no harm (the in-flight sweep finds the episode stored; the counter expires).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class TaskEnd:
         for episode_id in self.finished:
             inflight.done(episode_id, pipe)
         pipe.delete(self.delivery_key)
-        if self.outcome is not None:
+        if self.outcome is not None and _plain_json(backend):
             key, value = _stored(backend, *self.outcome)
             pipe.eval(_STORE_OUTCOME, 1, key, value, int(backend.expires or 0))  # 0: kept for ever
         required = len(pipe)
@@ -84,20 +86,35 @@ class TaskEnd:
         if any(isinstance(r, Exception) for r in replies[required:]):  # metrics never fail a write
             log.warning("could not count", extra={"error_class": _first_error(replies[required:])})
         failed = [r for r in replies[:required] if isinstance(r, Exception)]
-        if failed:
-            _step_by_step(failed[0], self.finished)
+        if failed or (self.outcome is not None and not _plain_json(backend)):
+            if failed:
+                _step_by_step(failed[0], self.finished)
             self._each(inflight, redis, backend, None)
 
     def _each(self, inflight: InFlight, redis: Any, backend: Any, stats: Stats | None) -> None:
         """The writes one by one (each is idempotent, so those the round trip made do no harm); with stats,
-        the counts too. Raises only if the outcome cannot be stored."""
-        for episode_id in self.finished:
-            inflight.done(episode_id)
-        redis.delete(self.delivery_key)
+        the counts too. Raises only if the outcome cannot be stored (after trying the rest)."""
+        refused: Exception | None = None
+        if self.outcome is not None:
+            try:
+                backend.store_result(self.outcome[0], self.outcome[1], states.SUCCESS)
+            except Exception as exc:
+                refused = exc
+        try:
+            pipe = redis.pipeline(transaction=False)  # no MULTI: under noeviction Redis refuses a whole MULTI
+            for episode_id in self.finished:
+                inflight.done(episode_id, pipe)
+            pipe.delete(self.delivery_key)
+            pipe.execute()
+        except Exception as exc:  # left for the in-flight sweep, which finds the episode stored
+            log.warning(
+                "in-flight record not marked done",
+                extra={"error_class": type(exc).__name__, "episode_ids": self.finished},
+            )
         if stats is not None:
             stats.add(dict(self.counts), self.cost_usd)  # never raises
-        if self.outcome is not None:
-            backend.store_result(self.outcome[0], self.outcome[1], states.SUCCESS)
+        if refused is not None:
+            raise refused
 
 
 def _step_by_step(exc: BaseException, episode_ids: list[str]) -> None:
@@ -105,6 +122,11 @@ def _step_by_step(exc: BaseException, episode_ids: list[str]) -> None:
         "task end not written in one round trip; writing it step by step",
         extra={"error_class": type(exc).__name__, "episode_ids": episode_ids},
     )
+
+
+def _plain_json(backend: Any) -> bool:
+    """The script reads the stored outcome as JSON: with another serializer or compression, Celery stores it."""
+    return bool(backend.serializer == "json" and not backend.compression)
 
 
 def _stored(backend: Any, task_id: str, outcome: dict[str, Any]) -> tuple[str, str]:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import time
 
+import pytest
+import redis
+
 from tests.services import RedisClient
 from worker import keys
 from worker.liveness import CONFIRM_S, Holder, orphans, restore_orphans
@@ -75,7 +78,6 @@ def test_received_messages_are_noted_as_held_within_a_moment_without_waiting_for
     holder = Holder(clean_redis, 30)
     holder.start()
     try:
-        time.sleep(0.3)  # the first beat is done: the next one is HEARTBEAT_S (5 s) away
         for tag in ("t1", "t2", "t3"):
             holder.hold(tag)
         deadline = time.monotonic() + 1.0
@@ -89,3 +91,12 @@ def test_received_messages_are_noted_as_held_within_a_moment_without_waiting_for
     finally:
         holder.stop()
     assert not clean_redis.exists(keys.worker_held(holder.id))  # a clean exit withdraws the set
+
+
+def test_noting_a_message_as_held_makes_no_round_trip_on_the_consuming_thread() -> None:
+    """Redis unreachable: hold() still returns at once (the heartbeat thread writes, and logs its failure)."""
+    holder = Holder(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2), 30)
+    holder.hold("t1")  # a write on this thread would raise ConnectionError here
+    holder.hold("t2")
+    with pytest.raises(redis.ConnectionError):  # the heartbeat thread's write is the one that meets Redis
+        holder.write_held()

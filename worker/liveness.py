@@ -72,8 +72,11 @@ class Holder:
         self._received.clear()
         with self._lock:
             tags, self._unwritten = self._unwritten, []
-        if tags:
-            self._redis.sadd(keys.worker_held(self.id), *tags)
+        if tags and not self._stopped.is_set():  # once stopped, the set is withdrawn: a late write would outlive it
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.sadd(keys.worker_held(self.id), *tags)
+            pipe.expire(keys.worker_held(self.id), HELD_TTL_S)  # never a set without an end
+            pipe.execute()
 
     def beat(self) -> None:
         with self._lock:
@@ -86,6 +89,8 @@ class Holder:
             self._tags.difference_update(gone)
             held = sorted(self._tags)
             self._unwritten = []  # all written below
+        if self._stopped.is_set():  # stop() withdraws this worker: no late beat says it is alive again
+            return
         pipe = self._redis.pipeline(transaction=True)
         pipe.set(keys.worker_alive(self.id), "1", ex=self._dead_after_s)
         pipe.delete(keys.worker_suspect(self.id))
