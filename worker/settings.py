@@ -158,6 +158,13 @@ class Settings(BaseSettings):
         le=1_000,
         description="Most episodes one persist transaction writes together when many wait (1: each alone).",
     )
+    events_flush_ms: int = Field(
+        50,
+        ge=0,
+        le=10_000,
+        description="How long a worker gathers task events (for Flower) before it sends them in one message "
+        "(0: on the event loop's next turn, as Celery does).",
+    )
     persist_batch_wait_ms: int = Field(
         50,
         ge=0,
