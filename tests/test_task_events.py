@@ -50,6 +50,16 @@ class EventLog:
                 time.sleep(0.2)
         return self
 
+    def count(self, kind: str) -> int:
+        return sum(1 for e in self.events if e["type"] == kind)
+
+    def await_count(self, kind: str, n: int, timeout_s: float = 10) -> None:
+        """Wait until n events of a kind were heard, or the timeout ends (the caller asserts what it expects):
+        a task's own events may follow the result the test waited for."""
+        deadline = time.monotonic() + timeout_s
+        while self.count(kind) < n and time.monotonic() < deadline:
+            time.sleep(0.1)
+
     def __exit__(self, *_: object) -> None:
         self._receiver.should_stop = True
         self._thread.join(5)
@@ -78,13 +88,11 @@ def test_no_message_or_extraction_text_in_any_event_of_a_run_with_a_retry(
         [state] = client.wait([receipt], timeout_s=60)
         assert state.state == "persisted"
         assert standin.calls == 2
-        deadline = time.monotonic() + 10  # the last task's own success event follows its result
-        while sum(e["type"] == "task-succeeded" for e in log.events) < tasks and time.monotonic() < deadline:
-            time.sleep(0.1)
+        log.await_count("task-succeeded", tasks)
     kinds = {e["type"] for e in log.events}
     assert {"task-received", "task-retried", "task-succeeded"} <= kinds, kinds
     assert sum(1 for e in log.events if e["type"] == "task-received") == 1 + tasks  # extract, its retry[, persist]
-    assert sum(1 for e in log.events if e["type"] == "task-succeeded") == tasks
+    assert log.count("task-succeeded") == tasks
     dumped = json.dumps(log.events, default=str)
     for secret in ("Kilimanjaro", "Zanzibar", "bees", "mill"):
         assert secret not in dumped, secret
@@ -115,10 +123,6 @@ class Publishes:
         self._pubsub.close()
 
 
-def _task_events(log: EventLog, kind: str) -> int:
-    return sum(1 for e in log.events if e["type"] == kind)
-
-
 def test_task_events_travel_in_batches_and_each_one_arrives(
     settings: Settings,
     clean_redis: RedisClient,
@@ -134,12 +138,10 @@ def test_task_events_travel_in_batches_and_each_one_arrives(
             for i in range(30)
         ]
         assert {s.state for s in client.wait(receipts, timeout_s=60)} == {"persisted"}
-        deadline = time.monotonic() + 10
-        while _task_events(log, "task-succeeded") < 30 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        log.await_count("task-succeeded", 30)
         time.sleep(0.5)
     for kind in ("task-received", "task-started", "task-succeeded"):
-        assert _task_events(log, kind) == 30, kind
+        assert log.count(kind) == 30, kind
     # 90 task events; Celery alone sends nearly one message per event (measured: 2.6 per episode)
     messages = publishes.count("task")
     assert 0 < messages <= 30, messages  # measured: 5 or 6 (Celery's own consumer: 38)
@@ -158,7 +160,5 @@ def test_events_waiting_for_their_batch_go_out_when_the_worker_stops(
         [state] = client.wait([receipt], timeout_s=60)
         assert state.state == "persisted"
         worker.stop()  # SIGTERM: Celery's warm shutdown, long before the 5 s flush
-        deadline = time.monotonic() + 10
-        while _task_events(log, "task-succeeded") < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-    assert _task_events(log, "task-succeeded") == 1
+        log.await_count("task-succeeded", 1)
+    assert log.count("task-succeeded") == 1
