@@ -72,8 +72,9 @@ class TaskEnd:
         for episode_id in self.finished:
             inflight.done(episode_id, pipe)
         pipe.delete(self.delivery_key)
-        if self.outcome is not None and _plain_json(backend):
-            key, value = _stored(backend, *self.outcome)
+        scripted = self.outcome if self.outcome is not None and _plain_json(backend) else None
+        if scripted is not None:
+            key, value = _stored(backend, *scripted)
             pipe.eval(_STORE_OUTCOME, 1, key, value, int(backend.expires or 0))  # 0: kept for ever
         required = len(pipe)
         queue_counts(pipe, dict(self.counts), self.cost_usd)
@@ -86,10 +87,11 @@ class TaskEnd:
         if any(isinstance(r, Exception) for r in replies[required:]):  # metrics never fail a write
             log.warning("could not count", extra={"error_class": _first_error(replies[required:])})
         failed = [r for r in replies[:required] if isinstance(r, Exception)]
-        if failed or (self.outcome is not None and not _plain_json(backend)):
-            if failed:
-                _step_by_step(failed[0], self.finished)
+        if failed:
+            _step_by_step(failed[0], self.finished)
             self._each(inflight, redis, backend, None)
+        elif self.outcome is not None and scripted is None:  # another serializer or compression: Celery stores it
+            backend.store_result(self.outcome[0], self.outcome[1], states.SUCCESS)
 
     def _each(self, inflight: InFlight, redis: Any, backend: Any, stats: Stats | None) -> None:
         """The writes one by one (each is idempotent, so those the round trip made do no harm); with stats,

@@ -95,8 +95,12 @@ def test_received_messages_are_noted_as_held_within_a_moment_without_waiting_for
 
 def test_noting_a_message_as_held_makes_no_round_trip_on_the_consuming_thread() -> None:
     """Redis unreachable: hold() still returns at once (the heartbeat thread writes, and logs its failure)."""
-    holder = Holder(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2), 30)
-    holder.hold("t1")  # a write on this thread would raise ConnectionError here
-    holder.hold("t2")
-    with pytest.raises(redis.ConnectionError):  # the heartbeat thread's write is the one that meets Redis
-        holder.write_held()
+    unreachable = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    try:
+        holder = Holder(unreachable, 30)
+        holder.hold("t1")  # a write on this thread would raise ConnectionError here
+        holder.hold("t2")
+        with pytest.raises(redis.ConnectionError):  # the heartbeat thread's write is the one that meets Redis
+            holder.write_held()
+    finally:
+        unreachable.close()

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 
 from api_stub.client import MemoryClient
 from tasks.end import TaskEnd
@@ -20,7 +19,7 @@ from tests.ingest_helpers import wait_until
 from tests.services import RedisClient
 from tests.workers import WorkerProcess
 from worker import keys
-from worker.celery_app import celery_config, persist_task_id
+from worker.celery_app import persist_task_id
 from worker.deadletter import DeadLetterStore
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.inflight import InFlight
@@ -78,10 +77,14 @@ def test_an_end_that_cannot_be_written_after_the_write_committed_never_retries_t
     assert "task end not written in one round trip" in log and "retrying" not in log
 
 
-def _backend(settings: Settings) -> Any:
-    app = Celery("task-end-test", set_as_current=False)
-    app.conf.update({k: v for k, v in celery_config(settings).items() if k != "include"})
-    return app.backend
+@contextmanager
+def _backend(settings: Settings) -> Iterator[Any]:
+    """Celery's result backend as the client configures it."""
+    client = MemoryClient(settings)
+    try:
+        yield client._celery().backend
+    finally:
+        client.close()
 
 
 @contextmanager
@@ -106,8 +109,12 @@ def test_a_full_redis_refuses_the_counts_but_the_episode_is_still_marked_done(
     end = TaskEnd("deliveries:full")
     end.persisted()
     end.done("ep_full")
-    with caplog.at_level(logging.WARNING, logger="tasks.end"), _at_maxmemory(clean_redis):
-        end.send(clean_redis, inflight, _backend(settings), Stats(clean_redis))
+    with (
+        _backend(settings) as backend,
+        caplog.at_level(logging.WARNING, logger="tasks.end"),
+        _at_maxmemory(clean_redis),
+    ):
+        end.send(clean_redis, inflight, backend, Stats(clean_redis))
     assert inflight.count() == 0 and inflight.payload("ep_full") is None
     assert not clean_redis.exists("deliveries:full")
     assert Stats(clean_redis).snapshot().get(EPISODES_PERSISTED, 0) == 0  # refused, and not retried
@@ -122,8 +129,12 @@ def test_an_outcome_a_full_redis_refuses_fails_the_task_after_the_episode_is_mar
     end = TaskEnd("deliveries:full")
     end.done("ep_full")
     end.store("task-full", {"episode_id": "ep_full", "status": "persisted"})
-    with _at_maxmemory(clean_redis), pytest.raises(redis.ResponseError, match="maxmemory"):
-        end.send(clean_redis, inflight, _backend(settings), Stats(clean_redis))
+    with (
+        _backend(settings) as backend,
+        _at_maxmemory(clean_redis),
+        pytest.raises(redis.ResponseError, match="maxmemory"),
+    ):
+        end.send(clean_redis, inflight, backend, Stats(clean_redis))
     assert inflight.count() == 0  # the episode is stored: the in-flight sweep must not send it again
     assert not clean_redis.exists("celery-task-meta-task-full")
 
@@ -133,12 +144,12 @@ def test_an_outcome_the_round_trip_could_not_store_is_stored_step_by_step(
 ) -> None:
     """The end's connection may not run scripts (a real NOPERM for its EVAL): Celery's own store_result
     stores the outcome after it, where wait() finds it, and the rest of the end still lands."""
-    url = redis.Redis.from_url(settings.redis_url).connection_pool.connection_kwargs
+    conn = redis.Redis.from_url(settings.redis_url).connection_pool.connection_kwargs
     clean_redis.acl_setuser(
         "noscripts", enabled=True, passwords=["+noscripts-pw"], keys=["*"], channels=["*"],
         commands=["+@all", "-eval", "-evalsha"],
     )  # fmt: skip
-    limited = redis.Redis(host=url["host"], port=url["port"], username="noscripts", password="noscripts-pw")
+    limited = redis.Redis(host=conn["host"], port=conn["port"], username="noscripts", password="noscripts-pw")
     try:
         inflight = InFlight(limited)
         inflight.add("ep_noperm", "u_noperm", {"episode_id": "ep_noperm"})
@@ -146,8 +157,8 @@ def test_an_outcome_the_round_trip_could_not_store_is_stored_step_by_step(
         end.done("ep_noperm")
         end.persisted()
         end.store("task-noperm", {"episode_id": "ep_noperm", "status": "persisted"})
-        with caplog.at_level(logging.WARNING, logger="tasks.end"):
-            end.send(limited, inflight, _backend(settings), Stats(limited))
+        with _backend(settings) as backend, caplog.at_level(logging.WARNING, logger="tasks.end"):
+            end.send(limited, inflight, backend, Stats(limited))
     finally:
         limited.close()
         clean_redis.acl_deluser("noscripts")

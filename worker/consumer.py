@@ -30,6 +30,8 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
             return
         if self.hub is None or self._events_flush_due:
             return
+        # Not locked: two threads passing the check at once schedule two flushes, the second finding little
+        # or nothing to send (harmless); a lock here would cost every event more than that.
         self._events_flush_due = True
         self.hub.call_soon(self._schedule_events_flush)  # the hub's timer is only touched by its own thread
 
