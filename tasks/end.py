@@ -72,9 +72,9 @@ class TaskEnd:
         for episode_id in self.finished:
             inflight.done(episode_id, pipe)
         pipe.delete(self.delivery_key)
-        scripted = self.outcome if self.outcome is not None and _plain_json(backend) else None
-        if scripted is not None:
-            key, value = _stored(backend, *scripted)
+        json_outcome = self.outcome if self.outcome is not None and _plain_json(backend) else None
+        if json_outcome is not None:
+            key, value = _stored(backend, *json_outcome)
             pipe.eval(_STORE_OUTCOME, 1, key, value, int(backend.expires or 0))  # 0: kept for ever
         required = len(pipe)
         queue_counts(pipe, dict(self.counts), self.cost_usd)
@@ -90,7 +90,7 @@ class TaskEnd:
         if failed:
             _step_by_step(failed[0], self.finished)
             self._each(inflight, redis, backend, None)
-        elif self.outcome is not None and scripted is None:  # another serializer or compression: Celery stores it
+        elif self.outcome is not None and json_outcome is None:  # another serializer or compression: Celery stores it
             backend.store_result(self.outcome[0], self.outcome[1], states.SUCCESS)
 
     def _each(self, inflight: InFlight, redis: Any, backend: Any, stats: Stats | None) -> None:

@@ -36,3 +36,16 @@ def services(action: str, name: str) -> None:
     )
     if done.returncode != 0:
         raise RuntimeError(f"services.sh {action} {name} failed ({done.returncode}): {done.stderr[-2000:]}")
+
+
+def local_pid(pidfile: str, pattern: str) -> int | None:
+    """The pid deploy/local/services.sh recorded under .var (`neo4j/launcher.pid`, `redis/redis.pid`), when that
+    process still runs and its command line holds `pattern` (as the script's own `alive` checks); else None."""
+    var = Path(os.environ.get("MEMORY_LOCAL_VAR", ROOT / ".var"))
+    try:
+        pid = int((var / pidfile).read_text().strip())
+        if pattern.encode() not in (Path("/proc") / str(pid) / "cmdline").read_bytes():
+            return None
+    except (OSError, ValueError):
+        return None
+    return pid

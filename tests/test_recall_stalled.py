@@ -14,7 +14,7 @@ import pytest
 
 from api_stub.client import MemoryClient
 from tests.factories import entities, record
-from tests.services import ROOT
+from tests.services import local_pid
 from worker.errors import StoreUnavailable
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.settings import Settings
@@ -23,8 +23,9 @@ MARGIN_S = 0.3  # thread hand-off and the test's own clock reading; the code's o
 
 
 @contextmanager
-def frozen(pidfile: str) -> Iterator[None]:
-    pid = int((ROOT / ".var" / pidfile).read_text().strip())
+def frozen(pidfile: str, pattern: str) -> Iterator[None]:
+    pid = local_pid(pidfile, pattern)
+    assert pid is not None, f"no running local service recorded in {pidfile}"
     os.kill(pid, signal.SIGSTOP)
     try:
         yield
@@ -46,7 +47,7 @@ def test_a_stalled_neo4j_gives_a_degraded_answer_within_the_budget(
     client = MemoryClient(settings)
     try:
         assert not client.retrieve_memory(user, "Lisbon", budget_ms=20_000).degraded  # connections made
-        with frozen("neo4j/launcher.pid"):
+        with frozen("neo4j/launcher.pid", "memory.Neo4jLauncher"):
             context, took = timed(lambda: client.retrieve_memory(user, "Lisbon", budget_ms=500))
             assert took < 0.5 + MARGIN_S, took
             assert context.degraded and context.related_episodes == []  # type: ignore[attr-defined]
@@ -75,7 +76,7 @@ def test_a_stalled_redis_gives_a_degraded_answer_within_the_budget(
     client = MemoryClient(with_model)
     try:
         client.retrieve_memory(user, "Lisbon", budget_ms=2_000)  # connections made
-        with frozen("redis/redis.pid"):
+        with frozen("redis/redis.pid", "redis-server"):
             context, took = timed(lambda: client.retrieve_memory(user, "Lisbon", budget_ms=500))
             assert took < 0.5 + MARGIN_S, took
             assert context.degraded  # type: ignore[attr-defined]
@@ -97,7 +98,7 @@ def test_recalls_beyond_the_concurrency_wait_for_a_slot_and_stuck_ones_cannot_st
         assert [a.degraded for a in answers] == [False] * 8
         assert all(a.related_episodes for a in answers)
         # Both slots held by recalls stuck on a frozen Neo4j: a third caller answers degraded in its budget.
-        with frozen("neo4j/launcher.pid"), ThreadPoolExecutor(max_workers=2) as stuck:
+        with frozen("neo4j/launcher.pid", "memory.Neo4jLauncher"), ThreadPoolExecutor(max_workers=2) as stuck:
             for _ in range(2):
                 stuck.submit(client.retrieve_memory, user, "Lisbon", budget_ms=3_000)
             time.sleep(0.3)

@@ -79,12 +79,12 @@ def test_an_end_that_cannot_be_written_after_the_write_committed_never_retries_t
 
 @contextmanager
 def _backend(settings: Settings) -> Iterator[Any]:
-    """Celery's result backend as the client configures it."""
-    client = MemoryClient(settings)
+    """Celery's result backend as the client configures it; its connections released after."""
+    backend = MemoryClient(settings)._celery().backend
     try:
-        yield client._celery().backend
+        yield backend
     finally:
-        client.close()
+        backend.client.connection_pool.disconnect()
 
 
 @contextmanager

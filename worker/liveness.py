@@ -79,8 +79,6 @@ class Holder:
             pipe.execute()
 
     def beat(self) -> None:
-        if self._stopped.is_set():  # nothing to read for a worker that has withdrawn
-            return
         with self._lock:
             tags = sorted(self._tags)
         check = self._redis.pipeline(transaction=False)

@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from neo4j import GraphDatabase, RoutingControl
 
 from api_stub.cli import DEFAULT_EXTRACT_PROCESSES, DEFAULT_EXTRACT_THREADS, DEFAULT_PERSIST_THREADS
 from api_stub.client import MemoryClient
 from tests.benchmarks import noop_app
 from tests.benchmarks.common import latency_ms, timed, write_results
-from tests.services import ROOT, load_services_env
+from tests.services import ROOT, load_services_env, local_pid
 from tests.workers import WorkerProcess
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
@@ -101,13 +100,11 @@ def bench_end_to_end(client: MemoryClient, store: Neo4jGraphStore) -> dict[str, 
     as found, the last the steady state the target is judged on."""
     rounds: list[dict[str, float | None]] = []
     users: list[str] = []
-    episodes = EpisodeCount(Settings.load())
     try:
         while len(rounds) < E2E_MAX_ROUNDS and not _steady(rounds):
             users.append(f"bench-e2e-{uuid.uuid4().hex[:8]}")
-            rounds.append(_one_run(client, episodes, users[-1]))
+            rounds.append(_one_run(client, store, users[-1]))
     finally:
-        episodes.close()
         for user in users:
             store.delete_user(user)
     first, last = rounds[0], rounds[-1]
@@ -139,7 +136,7 @@ def _steady(rounds: list[dict[str, float | None]]) -> bool:
     return old > 0 and abs(new - old) / old < STEADY_CHANGE
 
 
-def _one_run(client: MemoryClient, episodes: EpisodeCount, user: str) -> dict[str, float | None]:
+def _one_run(client: MemoryClient, store: Neo4jGraphStore, user: str) -> dict[str, float | None]:
     for i in range(E2E_EPISODES):
         client.add_episode(user, f"s{i}", messages(i))
     neo4j_cpu = _neo4j_cpu_s()
@@ -147,7 +144,7 @@ def _one_run(client: MemoryClient, episodes: EpisodeCount, user: str) -> dict[st
     env = {**os.environ, "MEMORY_LLM_MODEL": "offline"}
     worker = WorkerProcess(Path(tempfile.mkdtemp()) / "worker.log", env, defaults=True).start()
     try:
-        overall, steady = _persisted_rate(lambda: episodes(user), E2E_EPISODES, started)
+        overall, steady = _persisted_rate(lambda: store.episode_count(user), E2E_EPISODES, started)
     finally:
         worker.stop()
     after = _neo4j_cpu_s()
@@ -159,37 +156,13 @@ def _one_run(client: MemoryClient, episodes: EpisodeCount, user: str) -> dict[st
     }
 
 
-class EpisodeCount:
-    """A user's stored episodes by the lightest read there is (one index count), on a driver of its own:
-    polled every 50 ms, a heavier read (store.stats also counts entities and relationships) would weigh on
-    the rate it measures."""
-
-    def __init__(self, settings: Settings) -> None:
-        password = settings.neo4j_password.get_secret_value() if settings.neo4j_password else ""
-        self._driver = GraphDatabase.driver(settings.neo4j_uri, auth=(settings.neo4j_user, password))
-        self._database = settings.neo4j_database
-
-    def __call__(self, user: str) -> int:
-        records, _, _ = self._driver.execute_query(
-            "MATCH (e:Episode {user_id: $user_id}) RETURN count(e) AS n",
-            user_id=user,
-            database_=self._database,
-            routing_=RoutingControl.READ,
-        )
-        return int(records[0]["n"])
-
-    def close(self) -> None:
-        self._driver.close()
-
-
 def _neo4j_cpu_s() -> float | None:
     """CPU seconds the local Neo4j (deploy/local/services.sh) has used; None when it is not ours to read."""
-    var = Path(os.environ.get("MEMORY_LOCAL_VAR", ROOT / ".var"))
+    pid = local_pid("neo4j/launcher.pid", "memory.Neo4jLauncher")
+    if pid is None:
+        return None
     try:
-        proc = Path("/proc") / (var / "neo4j" / "launcher.pid").read_text().strip()
-        if b"memory.Neo4jLauncher" not in (proc / "cmdline").read_bytes():
-            return None  # a stale pid file: the number belongs to another process now
-        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

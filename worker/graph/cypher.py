@@ -363,10 +363,12 @@ CALL () { MATCH (e:Episode) RETURN count(DISTINCT e.user_id) AS users }
 RETURN episodes, entities, relationships, users
 """
 
-STATS_USER = """
-CALL () { MATCH (e:Episode {user_id: $user_id}) RETURN count(e) AS episodes }
-CALL () { MATCH (n:Entity {user_id: $user_id}) RETURN count(n) AS entities }
-CALL () { MATCH (:Entity {user_id: $user_id})-[r:RELATED_TO]->() RETURN count(r) AS relationships }
+EPISODE_COUNT = "MATCH (e:Episode {user_id: $user_id}) RETURN count(e) AS episodes"
+
+STATS_USER = f"""
+CALL () {{ {EPISODE_COUNT} }}
+CALL () {{ MATCH (n:Entity {{user_id: $user_id}}) RETURN count(n) AS entities }}
+CALL () {{ MATCH (:Entity {{user_id: $user_id}})-[r:RELATED_TO]->() RETURN count(r) AS relationships }}
 RETURN episodes, entities, relationships, CASE WHEN episodes + entities > 0 THEN 1 ELSE 0 END AS users
 """
 

@@ -396,6 +396,11 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
                 row = session.execute_read(lambda tx: tx.run(cypher.STATS_USER, user_id=user_id).single(strict=True))
             return StoreStats(**dict(row))
 
+    def episode_count(self, user_id: str) -> int:
+        """The user's stored episodes, by one index count (stats() counts entities and relationships too)."""
+        with translated("episode_count"), self._read_session() as session:
+            return int(session.run(cypher.EPISODE_COUNT, user_id=user_id).single(strict=True)["episodes"])
+
     def run_bare_fulltext(self, user_id: str, keywords: Sequence[str], text: str, k: int = CANDIDATES) -> list[str]:
         """The bare fulltext query of recall's main list: the same Lucene query over the search windows with
         the same k, and nothing else (benchmarks use it as the latency floor)."""
