@@ -60,6 +60,7 @@ class MemoryClient(MemoryTransfer):
         self._recaller: Any = None
         self._redis: Any = None
         self._inflight: Any = None
+        self._inflight_redis: Any = None
 
     @classmethod
     def from_env(cls) -> MemoryClient:
@@ -78,6 +79,10 @@ class MemoryClient(MemoryTransfer):
             app = Celery("memory-client", set_as_current=False)
             app.conf.update({k: v for k, v in celery_config(self._settings).items() if k != "include"})
             app.conf.task_send_sent_event = False  # one Redis round trip less per episode; workers report receipt
+            # One result backend (and connection pool) for all the client's threads instead of one per thread,
+            # which close() could not reach: the client only reads outcomes (GET) and forgets them (DEL),
+            # which a redis-py client does safely from any thread.
+            app.conf.result_backend_thread_safe = True
             self._app = app
         return self._app
 
@@ -140,7 +145,8 @@ class MemoryClient(MemoryTransfer):
 
             from worker.inflight import InFlight
 
-            self._inflight = InFlight(Redis.from_url(self._settings.redis_url, socket_timeout=5))
+            self._inflight_redis = Redis.from_url(self._settings.redis_url, socket_timeout=5)
+            self._inflight = InFlight(self._inflight_redis)
         return self._inflight
 
     def _admit(self, count: int) -> None:
@@ -360,7 +366,15 @@ class MemoryClient(MemoryTransfer):
         return {"redis": redis_ok, "neo4j": bool(self._recall().store.is_available(timeout_s))}
 
     def close(self) -> None:
-        self._app = None
+        """Release the connections the client opened (result backend, Redis, Neo4j); used again, it opens
+        them anew. The broker's producer pool is kombu's, one per broker URL for the whole process, shared
+        by every client and Celery app in it: it stays."""
+        app, self._app = self._app, None
+        if app is not None:
+            app.backend.client.connection_pool.disconnect()
+        if self._inflight_redis is not None:
+            self._inflight_redis.close()
+            self._inflight, self._inflight_redis = None, None
         self._close_bulk()
         if self._recaller is not None:
             self._recaller.close()

@@ -1,0 +1,62 @@
+"""MemoryClient.close() releases the connections the client opened, whichever threads used it."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+from api_stub.client import MemoryClient
+from tests.services import RedisClient
+from worker.settings import Settings
+
+MESSAGES = [{"role": "user", "content": "I moved to Lisbon last spring."}]
+
+
+def _sockets_to(port: int) -> int:
+    """Established TCP connections of this process to `port` on the loopback (from /proc)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            if remote_port == port and fields[3] == "01" and fields[9] in inodes:
+                count += 1
+    return count
+
+
+def _use(client: MemoryClient, user_id: str, session_id: str) -> None:
+    receipt = client.add_episode(user_id, session_id, MESSAGES)
+    client.wait([receipt], timeout_s=0)  # no worker runs: pending, but the result backend was read
+
+
+def test_close_releases_the_clients_redis_connections(settings: Settings, clean_redis: RedisClient) -> None:
+    port = urlparse(settings.redis_url).port or 6379
+    first = MemoryClient(settings)
+    _use(first, "close-u", "s0")
+    first.close()
+    # kombu keeps one producer pool per broker URL for the whole process, shared by every client: counted here
+    baseline = _sockets_to(port)
+
+    client = MemoryClient(settings)
+    _use(client, "close-u", "s1")
+    for i in range(3):  # other threads, one at a time (concurrent publishes would grow kombu's shared pool)
+        thread = threading.Thread(target=_use, args=(client, "close-u", f"t{i}"))
+        thread.start()
+        thread.join()
+    assert _sockets_to(port) > baseline  # the client holds connections of its own while open
+    client.close()
+    assert _sockets_to(port) == baseline
+
+    _use(client, "close-u", "s2")  # usable again after close: it opens what it needs anew
+    client.close()
+    assert _sockets_to(port) == baseline
