@@ -162,3 +162,27 @@ def test_events_waiting_for_their_batch_go_out_when_the_worker_stops(
         worker.stop()  # SIGTERM: Celery's warm shutdown, long before the 5 s flush
         log.await_count("task-succeeded", 1)
     assert log.count("task-succeeded") == 1
+
+
+def test_events_waiting_for_their_batch_survive_a_lost_broker_connection(
+    settings: Settings,
+    clean_redis: RedisClient,
+    client: MemoryClient,
+    new_user: Callable[[str], str],
+    workers: Callable[..., WorkerProcess],
+) -> None:
+    """Celery carries over to the new connection only the events whose publish failed: those still waiting
+    for their batch are flushed before the consumer restarts (worker/consumer.py on_close), not lost."""
+    workers(MEMORY_EVENTS_FLUSH_MS="10000")  # the batch's own flush would come after the test looked
+    with EventLog(settings) as log:
+        user = new_user("events-at-reconnect")
+        receipt = client.add_episode(user, "s1", [{"role": "user", "content": "I met Anna."}])
+        [state] = client.wait([receipt], timeout_s=60)
+        assert state.state == "persisted"
+        assert log.count("task-succeeded") == 0  # waiting for its batch
+        # Every plain connection dropped (the event receiver's subscription is of another type): the
+        # worker's consumer loses its broker connection and starts again.
+        killed = clean_redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        assert killed > 0
+        log.await_count("task-succeeded", 1, timeout_s=5)  # well before the 10 s flush
+        assert log.count("task-succeeded") == 1
