@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -61,6 +62,7 @@ class MemoryClient(MemoryTransfer):
         self._redis: Any = None
         self._inflight: Any = None
         self._inflight_redis: Any = None
+        self._lock = threading.Lock()  # what the client opens lazily is opened once, and close() sees it
 
     @classmethod
     def from_env(cls) -> MemoryClient:
@@ -71,20 +73,13 @@ class MemoryClient(MemoryTransfer):
         return self._settings
 
     def _celery(self) -> Any:
-        if self._app is None:
-            from celery import Celery
-
-            from worker.celery_app import celery_config
-
-            app = Celery("memory-client", set_as_current=False)
-            app.conf.update({k: v for k, v in celery_config(self._settings).items() if k != "include"})
-            app.conf.task_send_sent_event = False  # one Redis round trip less per episode; workers report receipt
-            # One result backend (and connection pool) for all the client's threads instead of one per thread,
-            # which close() could not reach: the client only reads outcomes (GET) and forgets them (DEL),
-            # which a redis-py client does safely from any thread.
-            app.conf.result_backend_thread_safe = True
-            self._app = app
-        return self._app
+        app = self._app
+        if app is None:
+            with self._lock:
+                if self._app is None:
+                    self._app = _client_app(self._settings)
+                app = self._app
+        return app
 
     # --- write ---------------------------------------------------------------------------------------
 
@@ -140,14 +135,18 @@ class MemoryClient(MemoryTransfer):
         return [self.enqueue(e, admitted=True) for e in episodes]
 
     def _in_flight(self) -> Any:
-        if self._inflight is None:
-            from redis import Redis
+        inflight = self._inflight
+        if inflight is None:
+            with self._lock:
+                if self._inflight is None:
+                    from redis import Redis
 
-            from worker.inflight import InFlight
+                    from worker.inflight import InFlight
 
-            self._inflight_redis = Redis.from_url(self._settings.redis_url, socket_timeout=5)
-            self._inflight = InFlight(self._inflight_redis)
-        return self._inflight
+                    self._inflight_redis = Redis.from_url(self._settings.redis_url, socket_timeout=5)
+                    self._inflight = InFlight(self._inflight_redis)
+                inflight = self._inflight
+        return inflight
 
     def _admit(self, count: int) -> None:
         """Backpressure: refuse (QueueFull, nothing enqueued) when the backlog would pass the limit."""
@@ -368,15 +367,36 @@ class MemoryClient(MemoryTransfer):
     def close(self) -> None:
         """Release the connections the client opened (result backend, Redis, Neo4j); used again, it opens
         them anew. The broker's producer pool is kombu's, one per broker URL for the whole process, shared
-        by every client and Celery app in it: it stays."""
-        app, self._app = self._app, None
+        by every client and Celery app in it: it stays. Call it once the client's threads are done with it:
+        a connection in use is closed too."""
+        with self._lock:
+            app, self._app = self._app, None
+            inflight_redis, self._inflight, self._inflight_redis = self._inflight_redis, None, None
         if app is not None:
-            app.backend.client.connection_pool.disconnect()
-        if self._inflight_redis is not None:
-            self._inflight_redis.close()
-            self._inflight, self._inflight_redis = None, None
+            backend = app.backend
+            backend.result_consumer.stop()  # the subscription Celery opens for a persist task sent alone
+            backend.client.connection_pool.disconnect()
+        if inflight_redis is not None:
+            inflight_redis.close()
         self._close_bulk()
         if self._recaller is not None:
             self._recaller.close()
             self._redis.close()
             self._recaller = None
+
+
+def _client_app(settings: Settings) -> Any:
+    """The client's Celery app: the workers' configuration, publishing only."""
+    from celery import Celery
+
+    from worker.celery_app import celery_config
+
+    app = Celery("memory-client", set_as_current=False)
+    app.conf.update({k: v for k, v in celery_config(settings).items() if k != "include"})
+    app.conf.task_send_sent_event = False  # one Redis round trip less per episode; workers report receipt
+    # One result backend (and connection pool) for all the client's threads instead of one per thread, which
+    # close() could not reach. The client reads outcomes (GET) and forgets them (DEL), which a redis-py client
+    # does from any thread; a persist task sent alone (republish) also makes Celery subscribe to its result,
+    # and Celery 5.7 (the floor in pyproject.toml) guards that pub/sub with a lock of its own.
+    app.conf.result_backend_thread_safe = True
+    return app

@@ -35,9 +35,10 @@ class MemoryTransfer:
             return self._bulk
 
     def _close_bulk(self) -> None:
-        if self._bulk is not None:
-            self._bulk.close()
-            self._bulk = None
+        with _BULK_LOCK:
+            bulk, self._bulk = self._bulk, None
+        if bulk is not None:
+            bulk.close()
 
     def export_user(self, user_id: str) -> Iterator[str]:
         """Everything kept about the user, as JSON Lines (api_stub/export_format.py), read from Neo4j in pages

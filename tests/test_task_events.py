@@ -173,16 +173,21 @@ def test_events_waiting_for_their_batch_survive_a_lost_broker_connection(
 ) -> None:
     """Celery carries over to the new connection only the events whose publish failed: those still waiting
     for their batch are flushed before the consumer restarts (worker/consumer.py on_close), not lost."""
-    workers(MEMORY_EVENTS_FLUSH_MS="10000")  # the batch's own flush would come after the test looked
+    worker = workers(MEMORY_EVENTS_FLUSH_MS="10000")  # the batch's own flush would come after the test looked
     with EventLog(settings) as log:
         user = new_user("events-at-reconnect")
         receipt = client.add_episode(user, "s1", [{"role": "user", "content": "I met Anna."}])
         [state] = client.wait([receipt], timeout_s=60)
+        persisted_at = time.monotonic()
         assert state.state == "persisted"
         assert log.count("task-succeeded") == 0  # waiting for its batch
-        # Every plain connection dropped (the event receiver's subscription is of another type): the
-        # worker's consumer loses its broker connection and starts again.
-        killed = clean_redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
-        assert killed > 0
+        # The worker's consumers lose their broker connection (the one blocked on BRPOP) and start again.
+        consuming = [c["id"] for c in clean_redis.client_list(_type="normal") if c["cmd"] == "brpop"]
+        assert consuming
+        for client_id in consuming:
+            clean_redis.client_kill_filter(_id=client_id)
         log.await_count("task-succeeded", 1, timeout_s=5)  # well before the 10 s flush
         assert log.count("task-succeeded") == 1
+        time.sleep(max(0.0, persisted_at + 11 - time.monotonic()))  # past that flush: no second copy
+    assert log.count("task-succeeded") == 1
+    assert "Connection to broker lost" in worker.log_path.read_text()
