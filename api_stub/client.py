@@ -61,7 +61,6 @@ class MemoryClient(MemoryTransfer):
         self._recaller: Any = None
         self._redis: Any = None
         self._inflight: Any = None
-        self._inflight_redis: Any = None
         self._lock = threading.Lock()  # what the client opens lazily is opened once, and close() sees it
 
     @classmethod
@@ -143,8 +142,7 @@ class MemoryClient(MemoryTransfer):
 
                     from worker.inflight import InFlight
 
-                    self._inflight_redis = Redis.from_url(self._settings.redis_url, socket_timeout=5)
-                    self._inflight = InFlight(self._inflight_redis)
+                    self._inflight = InFlight(Redis.from_url(self._settings.redis_url, socket_timeout=5))
                 inflight = self._inflight
         return inflight
 
@@ -216,30 +214,13 @@ class MemoryClient(MemoryTransfer):
     # --- recall and erasure -----------------------------------------------------------------------------
 
     def _recall(self) -> Any:
-        if self._recaller is None:
-            from redis import Redis
-
-            from api_stub.recall import Recall
-            from worker.graph.neo4j_store import Neo4jGraphStore
-            from worker.keywords import KeywordExtractor
-            from worker.query_embedding import QueryEmbedder
-
-            s = self._settings
-            budget_s = s.recall_budget_ms / 1000
-            # The same store as the workers', but answering within the recall budget and without the
-            # driver's retry loop.
-            store = Neo4jGraphStore.from_settings(
-                s.model_copy(
-                    update={
-                        "neo4j_connect_timeout_s": min(s.neo4j_connect_timeout_s, budget_s),
-                        "neo4j_retry_time_s": 0.0,
-                    }
-                )
-            )
-            redis = Redis.from_url(s.redis_url, socket_timeout=budget_s, socket_connect_timeout=budget_s)
-            self._redis = redis
-            self._recaller = Recall(s, store, KeywordExtractor(s, redis=redis), QueryEmbedder(s, redis=redis))
-        return self._recaller
+        recaller = self._recaller
+        if recaller is None:
+            with self._lock:
+                if self._recaller is None:
+                    self._redis, self._recaller = _recall_parts(self._settings)
+                recaller = self._recaller
+        return recaller
 
     def retrieve_memory(
         self,
@@ -370,19 +351,16 @@ class MemoryClient(MemoryTransfer):
         by every client and Celery app in it: it stays. Call it once the client's threads are done with it:
         a connection in use is closed too."""
         with self._lock:
-            app, self._app = self._app, None
-            inflight_redis, self._inflight, self._inflight_redis = self._inflight_redis, None, None
-        if app is not None:
-            backend = app.backend
-            backend.result_consumer.stop()  # the subscription Celery opens for a persist task sent alone
-            backend.client.connection_pool.disconnect()
-        if inflight_redis is not None:
-            inflight_redis.close()
+            app, inflight, recaller, redis = self._app, self._inflight, self._recaller, self._redis
+            self._app = self._inflight = self._recaller = self._redis = None
+        if app is not None:  # its pool's connections, the pub/sub of a persist task sent alone included
+            app.backend.client.connection_pool.disconnect()
+        if inflight is not None:
+            inflight.close()
         self._close_bulk()
-        if self._recaller is not None:
-            self._recaller.close()
-            self._redis.close()
-            self._recaller = None
+        if recaller is not None:
+            recaller.close()
+            redis.close()
 
 
 def _client_app(settings: Settings) -> Any:
@@ -399,4 +377,25 @@ def _client_app(settings: Settings) -> Any:
     # does from any thread; a persist task sent alone (republish) also makes Celery subscribe to its result,
     # and Celery 5.7 (the floor in pyproject.toml) guards that pub/sub with a lock of its own.
     app.conf.result_backend_thread_safe = True
+    _ = app.backend  # built now, under the client's lock: Celery's property would let two threads build one each
     return app
+
+
+def _recall_parts(s: Settings) -> tuple[Any, Any]:
+    """(recall's Redis client, Recall): the same store as the workers', but answering within the recall
+    budget and without the driver's retry loop."""
+    from redis import Redis
+
+    from api_stub.recall import Recall
+    from worker.graph.neo4j_store import Neo4jGraphStore
+    from worker.keywords import KeywordExtractor
+    from worker.query_embedding import QueryEmbedder
+
+    budget_s = s.recall_budget_ms / 1000
+    store = Neo4jGraphStore.from_settings(
+        s.model_copy(
+            update={"neo4j_connect_timeout_s": min(s.neo4j_connect_timeout_s, budget_s), "neo4j_retry_time_s": 0.0}
+        )
+    )
+    redis = Redis.from_url(s.redis_url, socket_timeout=budget_s, socket_connect_timeout=budget_s)
+    return redis, Recall(s, store, KeywordExtractor(s, redis=redis), QueryEmbedder(s, redis=redis))

@@ -16,9 +16,7 @@ MESSAGES = [{"role": "user", "content": "I moved to Lisbon last spring."}]
 
 
 def _sockets_to(port: int) -> set[str]:
-    """The inodes of this process's established TCP connections to `port` (from /proc), once what earlier
-    code left for the garbage collector is collected."""
-    gc.collect()
+    """The inodes of this process's established TCP connections to `port` (from /proc)."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -49,18 +47,35 @@ def test_close_releases_the_clients_redis_connections(settings: Settings, clean_
     first = MemoryClient(settings)
     _use(first, "close-u", "s0")
     first.close()
+    gc.collect()  # what earlier code left for the garbage collector closes its sockets now, not mid-test
     # kombu keeps one producer pool per broker URL for the whole process, shared by every client: open now
     before = _sockets_to(port)
+    # Nothing is left to the garbage collector either: it would close what the client forgot, hiding it.
+    gc.disable()
+    release, used = threading.Event(), threading.Semaphore(0)
+
+    def use_and_stay(session_id: str) -> None:  # a thread still alive when the client is closed
+        try:
+            _use(client, "close-u", session_id)
+        finally:
+            used.release()
+        release.wait(30)
 
     client = MemoryClient(settings)
-    _use(client, "close-u", "s1")
-    for i in range(3):  # other threads, one at a time (concurrent publishes would grow kombu's shared pool)
-        thread = threading.Thread(target=_use, args=(client, "close-u", f"t{i}"))
-        thread.start()
-        thread.join()
-    assert _sockets_to(port) - before  # the client holds connections of its own while open
-    client.close()
-    assert not _sockets_to(port) - before  # none of them outlives close()
+    threads = [threading.Thread(target=use_and_stay, args=(f"t{i}",)) for i in range(3)]
+    try:
+        _use(client, "close-u", "s1")
+        for thread in threads:  # one at a time (concurrent publishes would grow kombu's shared pool)
+            thread.start()
+            assert used.acquire(timeout=30)
+        assert _sockets_to(port) - before  # the client holds connections of its own while open
+        client.close()
+        assert not _sockets_to(port) - before  # none of them outlives close()
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join()
+        gc.enable()
 
     _use(client, "close-u", "s2")  # usable again after close: it opens what it needs anew
     client.close()

@@ -80,11 +80,11 @@ def test_an_end_that_cannot_be_written_after_the_write_committed_never_retries_t
 @contextmanager
 def _backend(settings: Settings) -> Iterator[Any]:
     """Celery's result backend as the client configures it; its connections released after."""
-    backend = MemoryClient(settings)._celery().backend
+    client = MemoryClient(settings)
     try:
-        yield backend
+        yield client._celery().backend
     finally:
-        backend.client.connection_pool.disconnect()
+        client.close()
 
 
 @contextmanager

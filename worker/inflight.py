@@ -22,6 +22,10 @@ class InFlight:
     def __init__(self, redis: Any) -> None:
         self._redis = redis
 
+    def close(self) -> None:
+        """Close its Redis client (only for a client of its own, as MemoryClient's)."""
+        self._redis.close()
+
     def add(self, episode_id: str, user_id: str, payload: dict[str, Any], at: float | None = None) -> None:
         record = json.dumps({"user_id": user_id, "payload": payload}, ensure_ascii=False)
         pipe = self._redis.pipeline(transaction=True)
