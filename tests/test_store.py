@@ -117,6 +117,22 @@ def test_chinese_episode_found_by_keywords_of_a_chinese_query(store: Neo4jGraphS
     assert all(e.user_id == user for e in context.related_episodes)
 
 
+def test_a_long_chinese_message_looks_up_its_facts_within_lucenes_clause_limit(
+    store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    """Before an LLM extraction the stage reads the facts the new messages name. Chinese has no spaces: a
+    message of 500 characters was one "word" that the cjk analyzer turned into a clause per character in each
+    of the index's three fields, over Lucene's 1,024, and Neo4j refused the read (the episode dead-lettered)."""
+    user = new_user("zh-long")
+    store.save_episode(
+        record(user, "我住在北京。", summary="住在北京"), entities("我", "北京"), [relation("我", "北京", 1.0, "住在")]
+    )
+    filler = "我们周末一起去公园散步然后吃了很多好吃的东西工作很忙但是心情不错" * 40
+    for text in ("我住在北京，" + filler, "我住在北京，" + " ".join([filler[:300]] * 6)):
+        facts = store.current_facts(user, text, 20)
+        assert [(f["source"], f["target"]) for f in facts] == [("我", "北京")]
+
+
 def test_english_episode_found_by_a_content_word_that_is_no_entity(store: Neo4jGraphStore, new_user: NewUser) -> None:
     user = new_user("en")
     hiking = record(user, "I went hiking in the mountains with my sister last weekend", summary="weekend trip")

@@ -11,6 +11,12 @@ _SPECIAL = frozenset('+-&|!(){}[]^"~*?:\\/')
 _OPERATORS = re.compile(r"\b(AND|OR|NOT|TO)\b")
 _HAS_WORD = re.compile(r"\w")
 _NOT_WORD = re.compile(r"\W+")
+# Characters the cjk analyzer indexes as overlapping bigrams (Han, kana, Hangul): about one term each.
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002ffff"
+_ANALYSED_TERM = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+")
+# Terms of free text in one query: each becomes a clause per field of the index (three for entities), next to
+# up to 32 keyword phrases, all under Lucene's limit of 1,024 clauses.
+MAX_TEXT_TERMS = 200
 
 
 def content_terms(text: str) -> str:
@@ -18,6 +24,15 @@ def content_terms(text: str) -> str:
     every episode and entity description; the text as it is when nothing else is left."""
     kept = [tok for tok in text.split() if _NOT_WORD.sub("", tok.lower()) not in ENGLISH_STOP]
     return " ".join(kept) if any(_HAS_WORD.search(t) for t in kept) else text
+
+
+def within_terms(text: str, max_terms: int = MAX_TEXT_TERMS) -> str:
+    """The text cut after its max_terms-th analysed term. Text without spaces (Chinese, Japanese) is one word
+    but a term per character to the analyzer, so a character cut alone cannot bound the clauses."""
+    for count, match in enumerate(_ANALYSED_TERM.finditer(text), 1):
+        if count == max_terms:
+            return text[: match.end()]
+    return text
 
 
 def escape_text(text: str) -> str:
@@ -37,10 +52,11 @@ def build_query(
 ) -> str | None:
     """`+user_tag:<tag> +(<keyword phrases, boosted> <text terms>)`, or None when nothing is searchable.
 
-    The text is cut to max_text_chars so that a long query cannot exceed Lucene's clause limit.
+    The text is cut to max_text_chars and MAX_TEXT_TERMS terms so that a long query cannot exceed Lucene's
+    clause limit.
     """
     clauses = [phrase(k) + "^2" for k in keywords if _HAS_WORD.search(k)][:max_keywords]
-    cut = content_terms(text)[:max_text_chars]
+    cut = within_terms(content_terms(text)[:max_text_chars])
     if _HAS_WORD.search(cut):
         clauses.append(escape_text(cut))
     if not clauses:
