@@ -44,7 +44,7 @@ from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.graph.params import EpisodeWrite, spans_from_content, spans_from_windows
 from worker.identity import entity_key, entity_uid
 from worker.models import EpisodeRecord, Identifier
-from worker.sessions import progress_key
+from worker.sessions import erased_since, progress_key
 
 EPISODE_BATCH = 100
 _PLURAL = {"episode": "episodes", "entity": "entities", "relationship": "relationships", "session": "sessions"}
@@ -64,6 +64,7 @@ class ImportReport(BaseModel):
     episodes_created: int  # written now
     episodes_present: int  # already stored (an earlier import, or the same episode)
     episodes_conflicting: int  # the id is stored with other content: left as it is
+    episodes_forgotten: int = 0  # forgotten (the episode or its session) while the import ran: left out
     entities_restored: int
     relationships_restored: int
     sessions_restored: int  # sessions whose progress moved forward
@@ -180,7 +181,7 @@ def import_file(
     header, _total = validate_file(path, as_user)
     user_id = as_user or header.user_id
     keep_vectors = header.embedding_model == embedding_model  # vectors of one model mean nothing to another
-    _refuse_foreign_ids(store, path, user_id)
+    authors = _refuse_foreign_ids(store, path, user_id)
     store.ensure_schema()  # a deployment no worker has started yet
     accepted_at = time.time()
     outcomes: Counter[str] = Counter()
@@ -194,11 +195,11 @@ def import_file(
         try:
             if kind == "episode":
                 saved = _save(store, rows)
-                if "forgotten" in saved:  # erased while the import ran: what follows is not written either
+                if "forgotten" in saved and _erased(store, user_id, rows[saved.index("forgotten")][0], accepted_at):
                     raise StoreRequestError("the user was erased", cause="ErasedDuringImport")
-                outcomes.update(saved)
+                outcomes.update(saved)  # else only that episode or session was forgotten: the rest goes on
             else:
-                restored[kind] += store.restore(kind, user_id, rows, accepted_at)
+                restored[kind] += store.restore(kind, user_id, rows, accepted_at, authors)
         except StoreRequestError as exc:
             if exc.cause != "ErasedDuringImport":
                 raise
@@ -230,16 +231,18 @@ def import_file(
         episodes_created=outcomes["created"],
         episodes_present=outcomes["exists"],
         episodes_conflicting=outcomes["conflict"],
+        episodes_forgotten=outcomes["forgotten"],
         entities_restored=restored["entity"],
         relationships_restored=restored["relationship"],
         sessions_restored=restored["session"],
     )
 
 
-def _refuse_foreign_ids(store: Neo4jGraphStore, path: Path, user_id: str) -> None:
+def _refuse_foreign_ids(store: Neo4jGraphStore, path: Path, user_id: str) -> set[str]:
     """Episode ids are unique in a deployment: one the file holds that is stored for another user refuses the
-    whole import before anything is written (a read of the ids, in batches)."""
+    whole import before anything is written (a read of the ids, in batches). The file's episode ids."""
     batch: list[str] = []
+    ids: set[str] = set()
 
     def check() -> None:
         foreign = store.foreign_episodes(user_id, batch) if batch else []
@@ -254,9 +257,18 @@ def _refuse_foreign_ids(store: Neo4jGraphStore, path: Path, user_id: str) -> Non
     for _number, obj in _lines(path):
         if isinstance(obj, dict) and obj.get("kind") == "episode":
             batch.append(TypeAdapter(Identifier).validate_python(obj.get("id")))  # as saved: stripped
+            ids.add(batch[-1])
             if len(batch) >= 500:
                 check()
     check()
+    return ids
+
+
+def _erased(store: Neo4jGraphStore, user_id: str, record: EpisodeRecord, accepted_at: float) -> bool:
+    """Was an episode of the import refused because the user was erased (rather than the episode or its
+    session forgotten) since the import was accepted?"""
+    state = store.write_state(user_id, progress_key(user_id, record.session_id), record.id)
+    return erased_since(accepted_at, state.erased_at)
 
 
 def _save(store: Neo4jGraphStore, writes: list[EpisodeWrite]) -> list[str]:

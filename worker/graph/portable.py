@@ -14,7 +14,7 @@ and the sessions' extraction progress (which only moves forward).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -105,6 +105,16 @@ SET n.type = CASE WHEN ours THEN row.type ELSE n.type END,
 RETURN count(n) AS n
 """
 
+# Who set each fact's current state here: an end or a reopening by an episode that is not in the file (a
+# correction this deployment made after an earlier run of the import) is kept, not overwritten.
+FACT_AUTHORS = """
+UNWIND $rows AS row
+MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO {predicate: row.predicate}]->(:Entity {uid: row.target_uid})
+WHERE r.user_id = $user_id
+RETURN row.source_uid AS source_uid, row.predicate AS predicate, row.target_uid AS target_uid,
+       r.ended_by AS ended_by, r.reopened_by AS reopened_by
+"""
+
 RESTORE_RELATIONSHIPS = """
 UNWIND $rows AS row
 MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO {predicate: row.predicate}]->(:Entity {uid: row.target_uid})
@@ -169,11 +179,19 @@ class Portability(StorePart):
         with translated("import"), self._read_session() as session:
             return [r["id"] for r in session.run(FOREIGN, ids=ids, user_id=user_id)]
 
-    def restore(self, kind: str, user_id: str, rows: list[dict[str, Any]], accepted_at: float) -> int:
+    def restore(
+        self,
+        kind: str,
+        user_id: str,
+        rows: list[dict[str, Any]],
+        accepted_at: float,
+        authors: Collection[str] = frozenset(),
+    ) -> int:
         """kind: entity, relationship or session; rows built by api_stub/portability.py. Idempotent. Under
         the user's lock, as a persist: when the user was erased after the import was accepted (or is being
         erased), nothing is written and StoreRequestError (cause ErasedDuringImport) is raised; a session
-        forgotten since then keeps no progress line."""
+        forgotten since then keeps no progress line. authors: the file's episode ids; a relationship whose
+        end or reopening here was made by another episode keeps its state."""
         statement = _RESTORES[kind]
         if not rows:
             return 0
@@ -185,11 +203,24 @@ class Portability(StorePart):
             mark = tx.run(cypher.LOCK_USERS, tags=[user_tag(user_id)], now=time.time()).single(strict=True)
             if erased_since(accepted_at, float(mark["erased_at"])) or float(mark["erasing_until"]) > time.time():
                 raise StoreRequestError("the user was erased while the import ran", cause="ErasedDuringImport")
-            result = tx.run(statement, rows=rows, user_id=user_id, now=now, accepted_at=accepted_at)
+            todo = _by_file_authors(tx, rows, user_id, authors) if kind == "relationship" else rows
+            result = tx.run(statement, rows=todo, user_id=user_id, now=now, accepted_at=accepted_at)
             return int(result.single(strict=True)["n"])
 
         with translated("import"), self._session() as session:
             return self._write(session, work, bulk=True)
+
+
+def _by_file_authors(
+    tx: ManagedTransaction, rows: list[dict[str, Any]], user_id: str, authors: Collection[str]
+) -> list[dict[str, Any]]:
+    """The relationship rows whose stored state no episode outside the file set (see FACT_AUTHORS)."""
+    kept = {
+        (r["source_uid"], r["predicate"], r["target_uid"])
+        for r in tx.run(FACT_AUTHORS, rows=rows, user_id=user_id)
+        if all(by is None or by in authors for by in (r["ended_by"], r["reopened_by"]))
+    }
+    return [row for row in rows if (row["source_uid"], row["predicate"], row["target_uid"]) in kept]
 
 
 _RESTORES = {"entity": RESTORE_ENTITIES, "relationship": RESTORE_RELATIONSHIPS, "session": RESTORE_PROGRESS}
