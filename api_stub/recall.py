@@ -135,7 +135,7 @@ class Recall:
         budget_s = (budget_ms if budget_ms is not None else self._settings.recall_budget_ms) / 1000
         ask = _Ask(user_id, query, limit, strict, as_of)
         try:
-            context = self._within_budget(ask, budget_s, started)
+            context = self._within_budget(ask, budget_s)
         except StoreError:  # strict only
             self.counters.add(degraded=True, dropped=0, latency_s=time.perf_counter() - started)
             raise
@@ -154,16 +154,16 @@ class Recall:
         )
         return context
 
-    def _within_budget(self, ask: _Ask, budget_s: float, started: float) -> MemoryContext:
+    def _within_budget(self, ask: _Ask, budget_s: float) -> MemoryContext:
         """The work runs in a bounded pool and the caller waits at most the budget plus a margin, for a free
         slot and then for the answer: a stalled store or cache (a blocked socket, a pool waiting for a
         connection, client retries) cannot hold the caller's turn; the late call ends in the background,
         bounded by its own timeouts. Local keywords are CPU work in this thread, before the deadline (the
-        first Chinese query loads jieba's dictionary, about a second): the deadline guards against stalled
-        I/O, not against that."""
+        first Chinese query loads jieba's dictionary, 1.4-2 s here): the deadline, which guards against stalled
+        I/O, starts after them."""
         user_id, strict = ask.user_id, ask.strict
         local = local_keywords(ask.query, self._settings.max_keywords)
-        deadline = started + budget_s + DEADLINE_MARGIN_S
+        deadline = time.perf_counter() + budget_s + DEADLINE_MARGIN_S
         # The search gets what is left of the budget when it starts: a wait for a slot is charged to it.
         search = lambda: self._search(ask, max(0.01, deadline - DEADLINE_MARGIN_S - time.perf_counter()), local)  # noqa: E731
         future = self._calls.submit(uuid.uuid4().hex, search, wait_s=max(0.0, deadline - time.perf_counter()))

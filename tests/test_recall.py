@@ -171,6 +171,23 @@ def test_memctl_recall_and_forget(store: Neo4jGraphStore, new_user: NewUser) -> 
     assert store.stats(user).episodes == 0
 
 
+def test_the_first_chinese_recall_of_a_process_answers_within_its_budget(
+    store: Neo4jGraphStore, new_user: NewUser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first Chinese query of a process loads jieba's dictionary (1.4-2 s here) before the search; that
+    load used up the budget, so a fresh process answered degraded although the store was healthy."""
+    from tests.test_policy_and_dlq import memctl
+
+    user = new_user("zh-first")
+    beijing = record(user, "用户说北京的气候很干燥，冬天很冷。", summary="北京的气候")
+    store.save_episode(beijing, entities("北京"), [])
+    monkeypatch.setenv("MEMORY_RECALL_BUDGET_MS", "500")
+    out = memctl("recall", "--user", user, "北京冬天冷吗", "--json")
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert (answer["degraded"], [e["id"] for e in answer["related_episodes"]]) == (False, [beijing.id])
+
+
 users = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=20).filter(str.strip)
 queries = st.one_of(
     st.sampled_from([*CRAFTED[:-1], "Anna", "Lisbon", "laptop", "北京", "AND", "OR", "*:*"]),
