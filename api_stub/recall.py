@@ -87,6 +87,10 @@ def check_query(query: str, settings: Settings) -> str:
         raise QueryRejected("must not be empty or blank", "query")
     if len(query) > settings.max_query_chars:
         raise QueryRejected(f"{len(query)} characters; the limit is {settings.max_query_chars}", "query")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate, which JSON lets through: no store or model takes it
+        raise QueryRejected("must be valid Unicode text (it holds a lone surrogate)", "query") from None
     return query.strip()
 
 

@@ -80,6 +80,7 @@ def test_crafted_queries_never_fail_and_never_leak(
         ("", "hello", None, "user_id"),
         ("u", "x" * 8001, None, "query"),
         ("u", "hello", 0, "limit"),
+        ("u", "where \ud800 now", None, "query"),  # a lone surrogate (JSON allows one): not text
     ],
 )
 def test_bad_recall_input_is_rejected(

@@ -63,6 +63,16 @@ def test_periods_named_in_queries() -> None:
         assert period_in(odd, NOW) is None  # never an exception on the recall path
 
 
+def test_time_words_asked_as_of_the_ends_of_the_calendar_name_no_period_and_raise_nothing() -> None:
+    """An `as_of` the API accepts (any aware time) made "yesterday" or "this month" overflow the calendar: the
+    recall came back degraded, or 503 with strict."""
+    words = ("yesterday", "today", "last week", "this week", "last month", "this month", "last year", "5 days ago")
+    for as_of in (datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, 23, 59, tzinfo=UTC)):
+        for word in words:
+            period = period_in(f"what did I do {word}", as_of)
+            assert period is None or period.start < period.end
+
+
 def test_fusion_adds_normalised_lists_and_breaks_ties_by_id() -> None:
     ranked = fuse(
         windows=[{"id": "a", "score": 4.0, "seq": 2}, {"id": "b", "score": 2.0, "seq": 0}],

@@ -118,13 +118,16 @@ def period_in(query: str, now: datetime) -> Period | None:
             span = _absolute(match, parts)
             if span is not None:
                 return Period(span[0], span[1] + LAG, match.group(0))
-    match = _AGO.search(query)
-    if match:
-        start, end = _ago(match, now)
-        return Period(start, end, match.group(0))
-    for pattern, kind in _RELATIVE:
-        match = pattern.search(query)
+    try:  # relative to a time at the calendar's ends (an `as_of` of year 1 or 9999), a period may not exist
+        match = _AGO.search(query)
         if match:
-            start, end = _relative(kind, now)
-            return Period(start, end + LAG, match.group(0))
+            start, end = _ago(match, now)
+            return Period(start, end, match.group(0))
+        for pattern, kind in _RELATIVE:
+            match = pattern.search(query)
+            if match:
+                start, end = _relative(kind, now)
+                return Period(start, end + LAG, match.group(0))
+    except (OverflowError, ValueError):
+        return None
     return None
