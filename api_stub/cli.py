@@ -101,16 +101,19 @@ def import_(file: Path, wait_s: float | None) -> None:
     client = MemoryClient(_settings())
     items = []
     for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                items.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise click.ClickException(f"{file}:{number}: not JSON ({exc.msg})") from None
-    try:
-        for item in items:
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise click.ClickException(f"{file}:{number}: not JSON ({exc.msg})") from None
+        try:
+            if not isinstance(item, dict):
+                raise EpisodeRejected("not a JSON object")
             client.validate(item.get("user_id", ""), item.get("session_id", ""), item.get("messages", []))
-    except EpisodeRejected as exc:
-        raise click.ClickException(f"{file}: line {items.index(item) + 1}: {exc}; nothing was enqueued") from None
+        except EpisodeRejected as exc:
+            raise click.ClickException(f"{file}: line {number}: {exc}; nothing was enqueued") from None
+        items.append(item)
     receipts = []
     with click.progressbar(items, label="enqueue", file=sys.stderr) as bar:
         for number, item in enumerate(bar, start=1):

@@ -127,6 +127,14 @@ def test_memctl_import_waits_for_the_outcome_and_health_sees_the_workers(
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"user_id": "u", "session_id": "s", "messages": []}\n', encoding="utf-8")
     assert memctl("import", str(bad)).returncode == 1  # invalid: nothing enqueued
+    good = json.dumps(items[0])
+    for lines, named in (
+        ([good, "", "[1, 2]"], "line 3: not a JSON object"),
+        ([good, "", good, '{"user_id": 1}'], "line 4"),
+    ):
+        bad.write_text("\n".join(lines) + "\n", encoding="utf-8")  # a blank line does not shift the number
+        refused = memctl("import", str(bad))
+        assert (refused.returncode, named in refused.stderr, "Traceback" in refused.stderr) == (1, True, False)
     assert clean_redis.llen(EXTRACT_QUEUE) == 0
     workers()
     assert memctl("health").returncode == 0
