@@ -280,7 +280,7 @@ class MemoryClient(MemoryTransfer):
             episodes=graph.episodes,
             entities=graph.entities,
             relationships=graph.relationships,
-            session_progress=graph.other_nodes,
+            session_progress=graph.session_progress,
             dead_letters=dead_letters,
             cached_keywords=cached,
         )

@@ -114,7 +114,8 @@ def test_export_forget_import_gives_the_same_memory_and_recall_and_a_second_impo
     recalled = client.retrieve_memory(user, "where does my sister Ada live")
     assert recalled.related_episodes
 
-    client.forget_user(user)
+    gone = client.forget_user(user)
+    assert (gone.episodes, gone.session_progress) == (6, 2)  # not the search windows and tombstones too
     assert graph_facts(store, user)["episodes"] == 0
     path = write(tmp_path / "memory.jsonl", before)
     report = client.import_memory(path)

@@ -119,6 +119,7 @@ class UserErasure(StorePart):
             entities=counts[1],
             relationships=relationships,
             other_nodes=sum(counts[2:]),
+            session_progress=counts[DELETE_USER_BATCHES.index(DELETE_USER_PROGRESS_BATCH)],
         )
 
     def _delete_in_batches(self, session: Session, statement: str, user_id: str) -> int:
