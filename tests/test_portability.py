@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -380,3 +381,20 @@ def test_an_episode_forgotten_while_an_import_runs_is_left_out_and_the_rest_impo
     assert report.sessions_restored > 0
     stored = {line["id"] for line in export(client, user) if line["kind"] == "episode"}
     assert stored == set(episodes) - {gone}
+
+
+def test_an_episode_dated_before_1970_is_exported(
+    store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser
+) -> None:
+    """The export's page cursor started at 1970: an episode stored with an earlier time (an import accepts
+    any) was counted in the header and never written, so a round trip lost it."""
+    user = new_user("moon-landing")
+    old = record(user, "user: we watched the landing").model_copy(
+        update={"created_at": datetime(1969, 7, 20, tzinfo=UTC)}
+    )
+    store.save_episode(old, entities("Moon"), [])
+    today = record(user, "user: today")
+    store.save_episode(today, entities("Moon"), [])
+    lines = export(client, user)
+    assert [line["id"] for line in lines if line["kind"] == "episode"] == [old.id, today.id]
+    assert lines[-1]["lines"]["episodes"] == 2

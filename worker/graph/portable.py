@@ -25,9 +25,11 @@ from worker.graph import cypher
 from worker.graph.errors import translated
 from worker.graph.forget import session_tombstone
 from worker.graph.parts import StorePart
-from worker.graph.values import EPOCH, native
+from worker.graph.values import native
 from worker.identity import user_tag
 from worker.sessions import erased_since
+
+FIRST_TIME = datetime(1, 1, 1, tzinfo=UTC)  # before any episode's time (an import accepts times before 1970)
 
 COUNTS = """
 CALL () { MATCH (e:Episode {user_id: $user_id}) RETURN count(e) AS episodes }
@@ -162,7 +164,7 @@ class Portability(StorePart):
 
     def export_episodes(self, user_id: str, page: int = 50) -> Iterator[dict[str, Any]]:
         """Pages of 50: an episode may hold 200,000 characters and an embedding per message."""
-        yield from self._pages(EPISODES_PAGE, user_id, page, {"after_at": EPOCH, "after": ""})
+        yield from self._pages(EPISODES_PAGE, user_id, page, {"after_at": FIRST_TIME, "after": ""})
 
     def export_entities(self, user_id: str, page: int = 1_000) -> Iterator[dict[str, Any]]:
         yield from self._pages(ENTITIES_PAGE, user_id, page, {"after": ""})
