@@ -138,10 +138,11 @@ class StageTask(Task):  # type: ignore[misc]
         )
         return {"episode_id": episode_id, "user_id": user_id, "status": "dead_lettered"}
 
-    def redelivered(self, outcome: dict[str, Any]) -> dict[str, Any]:
-        """A message delivered again (its worker died or was taken for lost) finds stored what its earlier
-        delivery wrote: the caller's wait() must say persisted, not unchanged (kept for a second send)."""
-        if outcome.get("status") == "unchanged" and (self.request.delivery_info or {}).get("redelivered"):
+    def redelivered(self, outcome: dict[str, Any], stored: bool) -> dict[str, Any]:
+        """A message delivered again (its worker died or was taken for lost) that finds this very send stored
+        (`stored`: its earlier delivery wrote it): the caller's wait() must say persisted, not unchanged (kept
+        for a second send). A send that another, longer send of its session covered stays unchanged."""
+        if stored and outcome.get("status") == "unchanged" and (self.request.delivery_info or {}).get("redelivered"):
             return {**outcome, "status": "persisted"}
         return outcome
 

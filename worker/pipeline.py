@@ -103,7 +103,8 @@ def extract_stage(
     if state.episode_digest and state.episode_user == episode.user_id:
         if state.episode_digest != digest:
             return {**base, "status": "conflict"}  # this id is stored with other content
-        return {**base, "status": "unchanged"}  # this very send is stored already (sent again, redelivered)
+        # this very send is stored already (sent again, or redelivered: then tasks/ report it persisted)
+        return {**base, "status": "unchanged", "stored": True}
     todo = plan(episode, state.line, settings.extract_context_messages, state.erased_at)
     if todo is None:
         return {**base, "status": "unchanged"}
