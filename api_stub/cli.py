@@ -31,7 +31,23 @@ DEFAULT_PERSIST_THREADS = 32  # threads that only wait for their batch's commit
 QUEUE_FULL_WAIT_S = 600.0  # memctl import waits this long for a full queue to drain before it gives up
 
 
-@click.group()
+class _Commands(click.Group):
+    """A Redis that cannot be reached is a command's clear failure, not a traceback (each command can be run
+    again once it is back: its steps are idempotent)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from redis.exceptions import ConnectionError as RedisDown
+        from redis.exceptions import TimeoutError as RedisTimeout
+
+        try:
+            return super().invoke(ctx)
+        except (RedisDown, RedisTimeout) as exc:
+            raise click.ClickException(
+                f"Redis is unreachable ({type(exc).__name__}): run the command again once it is back"
+            ) from None
+
+
+@click.group(cls=_Commands)
 def main() -> None:
     """Operate the memory service."""
 

@@ -156,6 +156,14 @@ def memctl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_memctl_says_redis_is_unreachable_instead_of_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMORY_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+    for command in (("forget", "--user", "u", "--yes"), ("dlq", "list"), ("sweep",)):
+        out = memctl(*command)
+        assert (out.returncode, "Traceback" in out.stderr) == (1, False), command
+        assert "Redis is unreachable (ConnectionError)" in out.stderr
+
+
 def test_memctl_dlq_list_show_purge_and_exit_codes(clean_redis: RedisClient) -> None:
     store = DeadLetterStore(clean_redis)
     add(store, "e1")
