@@ -82,6 +82,10 @@ def check_user_id(user_id: str) -> str:
         raise QueryRejected(exc.errors()[0]["msg"], "user_id") from None
 
 
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True is an int to Python, not a count
+
+
 def check_query(query: str, settings: Settings) -> str:
     if not isinstance(query, str) or not query.strip():
         raise QueryRejected("must not be empty or blank", "query")
@@ -131,8 +135,10 @@ class Recall:
     ) -> MemoryContext:
         user_id = check_user_id(user_id)
         query = check_query(query, self._settings)
-        if limit is not None and not 1 <= limit <= 100:
-            raise QueryRejected("must be between 1 and 100", "limit")
+        if limit is not None and not (_integer(limit) and 1 <= limit <= 100):
+            raise QueryRejected("must be an integer between 1 and 100", "limit")
+        if budget_ms is not None and not (_integer(budget_ms) and 10 <= budget_ms <= 60_000):
+            raise QueryRejected("must be an integer between 10 and 60000 (milliseconds)", "budget_ms")
         if as_of is not None and as_of.tzinfo is None:
             raise QueryRejected("must be timezone-aware", "as_of")
         started = time.perf_counter()

@@ -81,6 +81,8 @@ def test_crafted_queries_never_fail_and_never_leak(
         ("u", "x" * 8001, None, "query"),
         ("u", "hello", 0, "limit"),
         ("u", "where \ud800 now", None, "query"),  # a lone surrogate (JSON allows one): not text
+        ("u", "hello", 2.5, "limit"),  # not a count: it failed later, as a degraded answer
+        ("u", "hello", True, "limit"),
     ],
 )
 def test_bad_recall_input_is_rejected(
@@ -89,6 +91,13 @@ def test_bad_recall_input_is_rejected(
     with pytest.raises(QueryRejected) as info:
         client.retrieve_memory(user_id, query, limit=limit)
     assert info.value.field == field
+
+
+def test_a_budget_that_is_no_count_of_milliseconds_is_rejected(client: MemoryClient) -> None:
+    for budget_ms in (0, 2.5, 120_000):
+        with pytest.raises(QueryRejected) as info:
+            client.retrieve_memory("u", "hello", budget_ms=budget_ms)  # type: ignore[arg-type]
+        assert info.value.field == "budget_ms"
 
 
 def test_recall_is_audited_without_query_text(
