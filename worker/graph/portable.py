@@ -108,13 +108,17 @@ RETURN count(n) AS n
 """
 
 # Who set each fact's current state here: an end or a reopening by an episode that is not in the file (a
-# correction this deployment made after an earlier run of the import) is kept, not overwritten.
+# correction this deployment made after an earlier run of the import) is kept, not overwritten. And whether
+# the episodes the file says ended or reopened it are stored: one forgotten while the import ran must not
+# leave the fact ended by an episode that does not exist (its forget could never open it again).
 FACT_AUTHORS = """
 UNWIND $rows AS row
 MATCH (:Entity {uid: row.source_uid})-[r:RELATED_TO {predicate: row.predicate}]->(:Entity {uid: row.target_uid})
 WHERE r.user_id = $user_id
 RETURN row.source_uid AS source_uid, row.predicate AS predicate, row.target_uid AS target_uid,
-       r.ended_by AS ended_by, r.reopened_by AS reopened_by
+       r.ended_by AS ended_by, r.reopened_by AS reopened_by,
+       all(id IN [x IN [row.ended_by, row.reopened_by] WHERE x IS NOT NULL]
+           WHERE EXISTS { MATCH (e:Episode {id: id}) WHERE e.user_id = $user_id }) AS named_stored
 """
 
 RESTORE_RELATIONSHIPS = """
@@ -216,11 +220,12 @@ class Portability(StorePart):
 def _by_file_authors(
     tx: ManagedTransaction, rows: list[dict[str, Any]], user_id: str, authors: Collection[str]
 ) -> list[dict[str, Any]]:
-    """The relationship rows whose stored state no episode outside the file set (see FACT_AUTHORS)."""
+    """The relationship rows whose stored state no episode outside the file set, and whose own end or
+    reopening names stored episodes (see FACT_AUTHORS)."""
     kept = {
         (r["source_uid"], r["predicate"], r["target_uid"])
         for r in tx.run(FACT_AUTHORS, rows=rows, user_id=user_id)
-        if all(by is None or by in authors for by in (r["ended_by"], r["reopened_by"]))
+        if r["named_stored"] and all(by is None or by in authors for by in (r["ended_by"], r["reopened_by"]))
     }
     return [row for row in rows if (row["source_uid"], row["predicate"], row["target_uid"]) in kept]
 
