@@ -21,7 +21,7 @@ from api_stub.cli_common import settings_or_exit as _settings
 from api_stub.cli_dlq import dlq
 from api_stub.cli_mcp import mcp
 from api_stub.cli_memory import export, import_memory, reextract
-from worker.errors import EpisodeRejected, MemoryServiceError, QueueFull
+from worker.errors import EpisodeRejected, MemoryServiceError, QueueFull, broker_errors
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
 from worker.settings import Settings
 
@@ -32,16 +32,13 @@ QUEUE_FULL_WAIT_S = 600.0  # memctl import waits this long for a full queue to d
 
 
 class _Commands(click.Group):
-    """A Redis that cannot be reached is a command's clear failure, not a traceback (each command can be run
-    again once it is back: its steps are idempotent)."""
+    """A Redis that cannot take a command is a command's clear failure, not a traceback (each command can be
+    run again once it is back: its steps are idempotent)."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from redis.exceptions import ConnectionError as RedisDown
-        from redis.exceptions import TimeoutError as RedisTimeout
-
         try:
             return super().invoke(ctx)
-        except (RedisDown, RedisTimeout) as exc:
+        except broker_errors() as exc:
             raise click.ClickException(
                 f"Redis is unreachable ({type(exc).__name__}): run the command again once it is back"
             ) from None
@@ -126,6 +123,8 @@ def import_(file: Path, wait_s: float | None) -> None:
         try:
             if not isinstance(item, dict):
                 raise EpisodeRejected("not a JSON object")
+            if not isinstance(item.get("messages", []), list):
+                raise EpisodeRejected("must be a list of messages", "messages")
             client.validate(item.get("user_id", ""), item.get("session_id", ""), item.get("messages", []))
         except EpisodeRejected as exc:
             raise click.ClickException(f"{file}: line {number}: {exc}; nothing was enqueued") from None

@@ -40,7 +40,7 @@ from api_stub.forget_part import ForgetPartReport
 from api_stub.health_probe import CachedHealth
 from api_stub.http_limits import BodySizeLimit
 from api_stub.metrics import registry
-from worker.errors import EpisodeRejected, QueryRejected, QueueFull, SettingsError, StoreError
+from worker.errors import EpisodeRejected, QueryRejected, QueueFull, SettingsError, StoreError, broker_errors
 from worker.models import MemoryContext
 from worker.settings import Settings
 
@@ -80,13 +80,6 @@ class Problem(BaseModel):
 
 def _problem(status: int, error: str, reason: str, field: str | None = None) -> JSONResponse:
     return JSONResponse(Problem(error=error, field=field, reason=reason).model_dump(), status_code=status)
-
-
-def _broker_errors() -> tuple[type[Exception], ...]:
-    from kombu.exceptions import OperationalError
-    from redis.exceptions import ConnectionError, OutOfMemoryError, TimeoutError  # type: ignore[attr-defined]
-
-    return (OperationalError, ConnectionError, TimeoutError, OutOfMemoryError)  # OOM: Redis at its maxmemory
 
 
 def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAPI:
@@ -148,7 +141,7 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
         response.headers["Retry-After"] = "5"
         return response
 
-    for broker_error in _broker_errors():
+    for broker_error in broker_errors():
         app.add_exception_handler(broker_error, _queue_down)
 
     @app.exception_handler(StoreError)

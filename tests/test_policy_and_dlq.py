@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -156,9 +157,11 @@ def memctl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_memctl_says_redis_is_unreachable_instead_of_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_memctl_says_redis_is_unreachable_instead_of_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, new_user: Callable[[str], str]
+) -> None:
     monkeypatch.setenv("MEMORY_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
-    for command in (("forget", "--user", "u", "--yes"), ("dlq", "list"), ("sweep",)):
+    for command in (("forget", "--user", new_user("no-redis"), "--yes"), ("dlq", "list"), ("sweep",)):
         out = memctl(*command)
         assert (out.returncode, "Traceback" in out.stderr) == (1, False), command
         assert "Redis is unreachable (ConnectionError)" in out.stderr

@@ -78,3 +78,12 @@ class QueueFull(MemoryServiceError):
         self.in_flight = in_flight
         self.limit = limit
         super().__init__(f"{in_flight} episodes in flight, the limit is {limit}: send again later")
+
+
+def broker_errors() -> tuple[type[Exception], ...]:
+    """What Redis (as the broker, or directly) raises when it cannot take a command: unreachable, timed out,
+    or at its maxmemory."""
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import ConnectionError, OutOfMemoryError, TimeoutError  # type: ignore[attr-defined]
+
+    return (OperationalError, ConnectionError, TimeoutError, OutOfMemoryError)
