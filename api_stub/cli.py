@@ -61,6 +61,7 @@ main.add_command(mcp)
     "--extract-concurrency",
     default=DEFAULT_EXTRACT_THREADS,
     show_default=True,
+    type=click.IntRange(1, 10_000),
     help="Threads per extract process: LLM calls (and, inline, their writes) in flight at once.",
 )
 @click.option(
@@ -74,10 +75,16 @@ main.add_command(mcp)
     "--persist-concurrency",
     default=DEFAULT_PERSIST_THREADS,
     show_default=True,
+    type=click.IntRange(1, 10_000),
     help="Persist threads; those waiting together share one Neo4j transaction (MEMORY_PERSIST_BATCH).",
 )
 @click.option("--queues", default=f"{EXTRACT_QUEUE},{PERSIST_QUEUE}", show_default=True)
-@click.option("--loglevel", default="INFO", show_default=True)
+@click.option(
+    "--loglevel",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
+)
 def worker(
     extract_concurrency: int, extract_processes: int, persist_concurrency: int, queues: str, loglevel: str
 ) -> None:

@@ -112,4 +112,7 @@ def dlq_purge(record_ids: tuple[str, ...], purge_all: bool, older_than: str | No
     if not yes and not click.confirm(f"purge {len(ids)} dead letters for good?"):
         sys.exit(1)
     removed = sum(store.remove(rid) for rid in ids)
-    click.echo(f"purged {removed}")
+    missing = len(ids) - removed if record_ids else 0  # named ids that were not there (as replay and show say)
+    click.echo(f"purged {removed}" + (f", {missing} not found" if missing else ""))
+    if missing:
+        sys.exit(1)

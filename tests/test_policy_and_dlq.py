@@ -167,6 +167,13 @@ def test_memctl_says_redis_is_unreachable_instead_of_a_traceback(
         assert "Redis is unreachable (ConnectionError)" in out.stderr
 
 
+def test_memctl_worker_refuses_options_its_workers_could_never_start_with() -> None:
+    """Celery refused them in each child, which the supervisor restarted every second, for ever."""
+    for option in (("--extract-concurrency", "0"), ("--persist-concurrency", "-1"), ("--loglevel", "verbose")):
+        out = memctl("worker", *option)
+        assert out.returncode == 2 and "Invalid value" in out.stderr, option
+
+
 def test_memctl_dlq_list_show_purge_and_exit_codes(clean_redis: RedisClient) -> None:
     store = DeadLetterStore(clean_redis)
     add(store, "e1")
@@ -178,6 +185,8 @@ def test_memctl_dlq_list_show_purge_and_exit_codes(clean_redis: RedisClient) -> 
     shown = memctl("dlq", "show", "extract:e1")
     assert shown.returncode == 0 and json.loads(shown.stdout)["payload"]["episode"]["id"] == "e1"
     assert memctl("dlq", "show", "extract:nope").returncode == 1
+    gone = memctl("dlq", "purge", "extract:nope", "--yes")  # a mistyped id is not a success
+    assert (gone.returncode, gone.stdout.strip()) == (1, "purged 0, 1 not found")
     assert memctl("dlq", "purge").returncode == 2  # usage: nothing chosen
     assert memctl("dlq", "purge", "--older-than", "soon", "--yes").returncode == 2
     dry = memctl("dlq", "replay", "--all", "--dry-run")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -126,6 +127,38 @@ def test_settings_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> N
         Settings.load()
     text = str(info.value)
     assert "MEMORY_RECALL_LIMIT" in text and "MEMORY_NEO4J_URI" in text
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"MEMORY_REDIS_URL": "unix:///tmp/redis.sock"}, "MEMORY_REDIS_URL"),  # Celery cannot use it
+        ({"MEMORY_REDIS_URL": "redis://127.0.0.1:notaport/0"}, "MEMORY_REDIS_URL"),
+        ({"MEMORY_REDIS_URL": "redis://127.0.0.1:70000/0"}, "MEMORY_REDIS_URL"),
+        ({"MEMORY_LLM_CONTEXT_TOKENS": "4096"}, "MEMORY_LLM_MAX_TOKENS"),  # 2 x 2000 + 200 leave nothing
+    ],
+)
+def test_settings_that_would_fail_every_worker_or_extraction_are_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], named: str
+) -> None:
+    """Each was accepted and then failed later: workers restarting forever, a traceback in every command, or
+    every episode dead-lettered."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as info:
+        Settings.load()
+    assert named in str(info.value)
+    monkeypatch.setenv("MEMORY_LLM_MAX_TOKENS", "1000")
+    monkeypatch.setenv("MEMORY_REDIS_URL", "rediss://user:pw@127.0.0.1:6380/0")
+    assert Settings.load().llm_context_tokens in (None, 4096)  # room enough, and a valid URL
+
+
+def test_a_dotenv_that_is_not_utf8_is_a_settings_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / ".env").write_bytes(b"MEMORY_RECALL_LIMIT=\xff\xfe5\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SettingsError) as info:
+        Settings.load()
+    assert ".env" in str(info.value)
 
 
 # What the strict structured-output schemas of the providers reached through litellm accept (documented

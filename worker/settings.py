@@ -258,11 +258,34 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _room_in_the_window(self) -> Settings:
+        """A window set too small for the answer fails every extraction (dead-lettered): say so at start. The
+        prompt's own tokens, known only to the model's tokenizer, are checked at the first extraction."""
+        from worker.llm.window import MARGIN, REASK
+
+        window = self.llm_context_tokens
+        if window is not None and (window - 2 * self.llm_max_tokens - REASK) * (1 - MARGIN) < 64:
+            raise ValueError(
+                f"llm_context_tokens ({window}) leaves no room for the prompt and the messages after the answer "
+                f"and a re-ask of it (twice llm_max_tokens, {self.llm_max_tokens}, plus {REASK}): lower "
+                "MEMORY_LLM_MAX_TOKENS or raise MEMORY_LLM_CONTEXT_TOKENS"
+            )
+        return self
+
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
+        """redis:// or rediss:// (Celery's Redis transport and result backend take no unix:// socket URL), with
+        a port that is a number: a bad one would surface later as a traceback in a worker or a command."""
+        from urllib.parse import urlsplit
+
+        if not value.startswith(("redis://", "rediss://")):
+            raise ValueError("must start with redis:// or rediss://")
+        try:
+            urlsplit(value).port  # noqa: B018  (parsing it is the check)
+        except ValueError as exc:
+            raise ValueError(f"is not a valid URL ({exc})") from None
         return value
 
     @field_validator("neo4j_uri")
@@ -278,6 +301,8 @@ class Settings(BaseSettings):
         """Read and validate; errors name the environment variable, not the Python field."""
         try:
             return cls(**overrides)
+        except UnicodeDecodeError:  # pydantic-settings reads .env itself
+            raise SettingsError([".env: not UTF-8 text"]) from None
         except ValidationError as exc:
             problems = []
             for err in exc.errors():
