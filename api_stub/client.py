@@ -343,7 +343,7 @@ class MemoryClient(MemoryTransfer):
             redis_ok = bool(self.redis().ping())
         except Exception:
             redis_ok = False
-        return {"redis": redis_ok, "neo4j": bool(self._recall().store.is_available(timeout_s))}
+        return {"redis": redis_ok, "neo4j": self._recall().store_available(timeout_s)}
 
     def close(self) -> None:
         """Release the connections the client opened (result backend, Redis, Neo4j); used again, it opens

@@ -113,12 +113,14 @@ class Recall:
         self.counters = RecallCounters()
         running = settings.recall_concurrency
         self._calls: BackgroundCalls[MemoryContext] = BackgroundCalls("recall", running, running)
+        self._pings: BackgroundCalls[bool] = BackgroundCalls("health", 1, 1)
 
     def close(self) -> None:
         """Recalls a caller stopped waiting for may still be mid-query on a pooled connection: closing the
         driver under them breaks (the Bolt buffer is in use), so they get CLOSE_WAIT_S to end first (each
         query's server-side timeout is its recall's remaining budget)."""
         self._calls.close(wait_s=CLOSE_WAIT_S)
+        self._pings.close(wait_s=CLOSE_WAIT_S)
         self._keywords.close()
         self._embedder.close()
         self.store.close()
@@ -163,6 +165,18 @@ class Recall:
             },
         )
         return context
+
+    def store_available(self, timeout_s: float) -> bool:
+        """A ping of Neo4j that the caller waits for at most timeout_s (plus the margin): the query's own
+        timeout is enforced by the server, which a frozen one never does. One ping at a time; a caller that
+        comes while it is still stuck waits for that one, so stuck pings never pile up."""
+        future = self._pings.submit("ping", lambda: self.store.is_available(timeout_s))
+        if future is None:
+            return False
+        try:
+            return future.result(timeout=timeout_s + DEADLINE_MARGIN_S)
+        except FutureTimeout:
+            return False
 
     def _within_budget(self, ask: _Ask, budget_s: float) -> MemoryContext:
         """The work runs in a bounded pool and the caller waits at most the budget plus a margin, for a free

@@ -107,3 +107,20 @@ def test_recalls_beyond_the_concurrency_wait_for_a_slot_and_stuck_ones_cannot_st
             assert context.degraded and "busy" in (context.reason or "")  # type: ignore[attr-defined]
     finally:
         client.close()
+
+
+def test_health_says_neo4j_is_down_within_its_timeout_while_neo4j_is_frozen(settings: Settings) -> None:
+    """The health check's 2 s was only the server-side timeout of its query: a frozen Neo4j never answers,
+    so the ping waited for the driver's read timeout and /healthz kept saying ok for about two minutes."""
+    client = MemoryClient(settings)
+    try:
+        assert client.health(timeout_s=1.0) == {"redis": True, "neo4j": True}  # connections made
+        with frozen("neo4j/launcher.pid", "memory.Neo4jLauncher"):
+            for _ in range(2):  # and again while the first ping is still stuck
+                health, took = timed(lambda: client.health(timeout_s=1.0))
+                assert health == {"redis": True, "neo4j": False} and took < 1.0 + MARGIN_S, (health, took)
+        deadline = time.monotonic() + 30  # resumed: up again
+        while not client.health(timeout_s=1.0)["neo4j"]:
+            assert time.monotonic() < deadline, "health did not come back after Neo4j resumed"
+    finally:
+        client.close()
