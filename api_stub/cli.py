@@ -305,8 +305,10 @@ def serve(host: str | None, port: int | None) -> None:
     import uvicorn
 
     from api_stub.http_app import create_app
+    from api_stub.log_setup import log_to_stderr
 
     settings = _settings()
+    log_to_stderr()
     try:
         app = create_app(settings)
     except MemoryServiceError as exc:

@@ -26,6 +26,7 @@ def mcp(user_id: str | None, http: bool, host: str, port: int, tokens_file: Path
     --user; --http needs --tokens-file (a token of its own per user: never the HTTP facade's token, which
     reaches every user)."""
     from api_stub.client import MemoryClient
+    from api_stub.log_setup import log_to_stderr
     from api_stub.mcp_server import build_server, load_tokens
     from api_stub.recall import check_user_id
 
@@ -43,6 +44,7 @@ def mcp(user_id: str | None, http: bool, host: str, port: int, tokens_file: Path
             raise click.UsageError("stdio needs --user (the user whose memory this server serves)")
     except MemoryServiceError as exc:
         raise click.ClickException(str(exc)) from None
+    log_to_stderr()  # stdio: stdout is the protocol's; the audit records go to stderr
     client = MemoryClient(settings)
     try:
         server = build_server(client, user_id=user, tokens=tokens)

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.factories import entities, record
 from tests.servers import ServerProcess, free_port, run_cli
 from tests.services import RedisClient
 from tests.workers import WorkerProcess
@@ -295,3 +296,21 @@ def test_a_flood_of_anonymous_healthz_requests_costs_the_stores_one_probe_per_in
     probes_allowed = int(elapsed / HEALTH_TTL_S) + 2  # one per interval, plus one at each edge
     other_pings = 3  # redis-py health checks of the server's and the test's own connections
     assert pings() - before <= probes_allowed + other_pings, (pings() - before, elapsed)
+
+
+def test_the_server_writes_the_audit_record_of_a_recall_without_its_text(
+    server: ServerProcess, store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    """memctl serve configured no logging but uvicorn's: the root logger stayed at WARNING with no handler,
+    so the audit records (and the ids of every warning) of the memory.* loggers were dropped."""
+    user = new_user("audit-http")
+    kept = record(user, "my sister Anna lives in Lisbon")
+    store.save_episode(kept, entities("Anna"), [])
+    body = {"user_id": user, "query": "secret question about Lisbon", "budget_ms": 30_000}  # a cold process
+    assert httpx.post(server.url + "/v1/recall", json=body, headers=AUTH, timeout=10).status_code == 200
+    deadline = time.monotonic() + 5
+    while "memory.audit" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [line] = [line for line in server.log().splitlines() if "memory.audit" in line]
+    assert user in line and kept.id in line and "latency_ms" in line
+    assert "secret question" not in server.log()
