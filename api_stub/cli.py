@@ -305,7 +305,7 @@ def serve(host: str | None, port: int | None) -> None:
     import uvicorn
 
     from api_stub.http_app import create_app
-    from api_stub.log_setup import log_to_stderr
+    from worker.log_fields import log_to_stderr
 
     settings = _settings()
     log_to_stderr()

@@ -26,9 +26,9 @@ def mcp(user_id: str | None, http: bool, host: str, port: int, tokens_file: Path
     --user; --http needs --tokens-file (a token of its own per user: never the HTTP facade's token, which
     reaches every user)."""
     from api_stub.client import MemoryClient
-    from api_stub.log_setup import log_to_stderr
     from api_stub.mcp_server import build_server, load_tokens
     from api_stub.recall import check_user_id
+    from worker.log_fields import log_to_stderr
 
     settings = settings_or_exit()
     try:

@@ -94,6 +94,8 @@ def test_an_inline_write_that_fails_goes_to_the_persist_queue_without_asking_the
     services("down", "neo4j")
     gate.set()
     wait_until(lambda: worker.log_path.read_text().count("inline persist failed") == 5, 60, "inline writes failing")
+    failed = [line for line in worker.log_path.read_text().splitlines() if "inline persist failed" in line]
+    assert f'"episode_id": "{receipts[0].episode_id}"' in "\n".join(failed)  # each line says which episode
     services("up", "neo4j")
     states = client.wait(receipts, timeout_s=120)
     assert {s.state for s in states} == {"persisted"}

@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_received, worker_process_shutdown, worker_ready, worker_shutdown
+from celery.signals import after_setup_logger, task_received, worker_process_shutdown, worker_ready, worker_shutdown
 
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
 from worker.settings import Settings, get_settings
@@ -187,7 +187,16 @@ def _import_litellm() -> None:
         log.error("litellm import failed", extra={"error_class": type(exc).__name__})
 
 
+def _log_fields(logger: Any = None, **_: Any) -> None:
+    """Celery's log lines of the memory.* loggers carry their ids and error classes (worker/log_fields.py)."""
+    from worker.log_fields import add_fields_to
+
+    if logger is not None:
+        add_fields_to(logger)
+
+
 app.on_configure.connect(_configure)
+after_setup_logger.connect(_log_fields)
 worker_ready.connect(_announce)
 worker_ready.connect(_load_litellm)
 worker_ready.connect(_prepare_schema)
