@@ -23,7 +23,7 @@ from worker.background import BackgroundCalls
 from worker.errors import QueryRejected, StoreError, StoreUnavailable
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.keywords import KeywordExtractor, local_keywords
-from worker.models import Identifier, MemoryContext
+from worker.models import Identifier, MemoryContext, within_calendar
 from worker.query_embedding import QueryEmbedder
 from worker.settings import Settings
 from worker.timeframe import period_in
@@ -143,6 +143,8 @@ class Recall:
             raise QueryRejected("must be an integer between 10 and 60000 (milliseconds)", "budget_ms")
         if as_of is not None and as_of.tzinfo is None:
             raise QueryRejected("must be timezone-aware", "as_of")
+        if as_of is not None and not within_calendar(as_of):
+            raise QueryRejected("falls outside the calendar (years 1 to 9999) in UTC", "as_of")
         started = time.perf_counter()
         budget_s = (budget_ms if budget_ms is not None else self._settings.recall_budget_ms) / 1000
         ask = _Ask(user_id, query, limit, strict, as_of)

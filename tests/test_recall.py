@@ -7,6 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +17,7 @@ from api_stub.client import MemoryClient
 from tests.factories import entities, record, relation
 from tests.services import RedisClient
 from worker.deadletter import DeadLetterStore
-from worker.errors import QueryRejected, StoreUnavailable
+from worker.errors import EpisodeRejected, QueryRejected, StoreUnavailable
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.identity import user_tag
 from worker.keys import keywords_cache, keywords_cache_pattern
@@ -91,6 +92,26 @@ def test_bad_recall_input_is_rejected(
     with pytest.raises(QueryRejected) as info:
         client.retrieve_memory(user_id, query, limit=limit)
     assert info.value.field == field
+
+
+def test_an_as_of_or_occurred_at_outside_the_calendar_in_utc_is_rejected(
+    client: MemoryClient, store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    """Aware times the API accepts, which the Neo4j driver cannot store or compare in UTC ("Ticks out of
+    range"): recall came back degraded (503 with strict) once an episode matched; an episode with such an
+    occurred_at was accepted, for a write that would meet the same driver error."""
+    user = new_user("calendar-ends")
+    store.save_episode(record(user, "my sister Anna lives in Lisbon"), entities("Anna"), [])
+    for edge in (
+        datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14))),
+        datetime.max.replace(tzinfo=timezone(-timedelta(hours=14))),
+    ):
+        with pytest.raises(QueryRejected) as refused:
+            client.retrieve_memory(user, "Lisbon", as_of=edge, strict=True)
+        assert refused.value.field == "as_of"
+        with pytest.raises(EpisodeRejected) as rejected:
+            client.add_episode(user, "s", [{"role": "user", "content": "hi"}], occurred_at=edge)
+        assert rejected.value.field == "occurred_at"
 
 
 def test_a_budget_that_is_no_count_of_milliseconds_is_rejected(client: MemoryClient) -> None:

@@ -60,6 +60,16 @@ class Episode(_Frozen):
         return "\n".join(f"{m.role}: {m.content}" for m in self.messages)
 
 
+def within_calendar(value: datetime) -> bool:
+    """Does an aware time stay within years 1..9999 in UTC? The stores and the Neo4j driver work in UTC:
+    year 1 at +14:00, or the end of 9999 at -14:00, would fail there, after the caller was answered."""
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        return False
+    return True
+
+
 def build_episode(
     user_id: str,
     session_id: str,
@@ -92,6 +102,8 @@ def build_episode(
         raise EpisodeRejected(f"{total} characters in all; the limit is {limits.max_episode_chars}", "messages")
     if occurred_at is not None and occurred_at.tzinfo is None:
         raise EpisodeRejected("must be timezone-aware", "occurred_at")
+    if occurred_at is not None and not within_calendar(occurred_at):
+        raise EpisodeRejected("falls outside the calendar (years 1 to 9999) in UTC", "occurred_at")
     the_id = (
         episode_id
         if episode_id is not None
