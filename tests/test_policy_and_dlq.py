@@ -82,6 +82,11 @@ def test_dead_letters_merge_per_episode_never_expire_and_purge_per_user(clean_re
     assert clean_redis.ttl("memory:dlq:record:extract:e1") == -1  # no expiry
     assert store.purge_user("u1") == 1
     assert store.count() == 1 and clean_redis.scard(dlq_user(user_tag("u1"))) == 0
+    add(store, "e3", user="u1")
+    add(store, "e3", user="u2")  # the same explicit id from another user: theirs now, not merged with u1's
+    taken = store.get("extract:e3")
+    assert taken is not None and (taken.user_id, taken.attempts) == ("u2", 3)
+    assert store.purge_user("u1") == 0 and store.get("extract:e3") is not None  # erasing u1 keeps u2's letter
 
 
 def test_replay_removes_the_record_only_after_the_enqueue(clean_redis: RedisClient) -> None:

@@ -75,6 +75,9 @@ class DeadLetterStore:
         now = time.time()
         rid = record_id(stage, episode_id)
         previous = self.get(rid)
+        other = previous.user_id if previous is not None and previous.user_id != user_id else None
+        if other is not None:  # an explicit episode id another user sent too (one per deployment): this one kept
+            previous = None
         letter = DeadLetter(
             id=rid,
             stage=stage,
@@ -95,6 +98,8 @@ class DeadLetterStore:
         pipe.set(keys.dlq_record(rid), letter.model_dump_json())
         pipe.zadd(keys.DLQ_INDEX, {rid: letter.first_failed_at})
         pipe.sadd(keys.dlq_user(user_tag(user_id)), rid)
+        if other is not None:  # no longer that user's: erasing them must not remove it
+            pipe.srem(keys.dlq_user(user_tag(other)), rid)
         pipe.execute()
         return letter
 
@@ -161,7 +166,9 @@ class DeadLetterStore:
         removed = 0
         for member in members:
             rid = member.decode() if isinstance(member, bytes) else member
-            letter = self.get(rid) if only is not None else None
+            letter = self.get(rid)
+            if letter is not None and letter.user_id != user_id:
+                continue  # another user's now (their send of the same explicit id came later)
             if only is None or (letter is not None and only(letter)):
                 removed += int(self.remove(rid))
         if only is None:
