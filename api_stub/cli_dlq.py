@@ -108,7 +108,7 @@ def dlq_purge(record_ids: tuple[str, ...], purge_all: bool, older_than: str | No
         cutoff = time.time() - seconds
         ids = [letter.id for letter in store.iter_all() if letter.last_failed_at < cutoff]
     else:
-        ids = store.ids() if purge_all else list(record_ids)
+        ids = store.ids() if purge_all else list(dict.fromkeys(record_ids))  # an id given twice counts once
     if not yes and not click.confirm(f"purge {len(ids)} dead letters for good?"):
         sys.exit(1)
     removed = sum(store.remove(rid) for rid in ids)

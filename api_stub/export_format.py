@@ -20,6 +20,7 @@ import base64
 import binascii
 import math
 import struct
+from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -35,7 +36,7 @@ from pydantic import (
 
 from worker.facts_text import DEFAULT_PREDICATE, normalize_predicate
 from worker.graph.params import spans_from_windows, windows
-from worker.models import Entity, ExtractionDetails, FactEnd, Identifier, Name, Relationship
+from worker.models import Entity, ExtractionDetails, FactEnd, Identifier, Name, Relationship, within_calendar
 
 VERSION = 2  # 2: relationships' predicates and times, episodes' ended facts
 READABLE = (1, 2)
@@ -85,6 +86,13 @@ class EpisodeLine(ExtractionDetails):
     window_vectors: list[str] = Field(default_factory=list)
     # Known facts its extraction ended (entity keys, predicate, when); an import ends them again.
     ended_facts: list[FactEnd] = Field(default_factory=list, max_length=1_000)
+
+    @field_validator("created_at", "occurred_at")
+    @classmethod
+    def _storable_time(cls, value: datetime | None) -> datetime | None:
+        if value is not None and not within_calendar(value):
+            raise ValueError("falls outside the calendar (years 1 to 9999) in UTC")
+        return value
 
     @field_validator("window_vectors")
     @classmethod

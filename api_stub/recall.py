@@ -120,7 +120,7 @@ class Recall:
         driver under them breaks (the Bolt buffer is in use), so they get CLOSE_WAIT_S to end first (each
         query's server-side timeout is its recall's remaining budget)."""
         self._calls.close(wait_s=CLOSE_WAIT_S)
-        self._pings.close(wait_s=CLOSE_WAIT_S)
+        self._pings.close()  # a ping still stuck only finds its driver closed: is_available says False
         self._keywords.close()
         self._embedder.close()
         self.store.close()

@@ -178,6 +178,9 @@ def damaged(lines: list[dict[str, Any]], how: str) -> tuple[list[dict[str, Any]]
     if how == "naive":
         lines[episode]["created_at"] = "2026-03-01T10:00:00"
         return lines, episode + 1, "timezone"
+    if how == "calendar":  # aware, but not a time the store can hold in UTC
+        lines[episode]["occurred_at"] = "0001-01-01T00:00:00+14:00"
+        return lines, episode + 1, "outside the calendar"
     if how == "cut":
         return lines[:-1], len(lines), "cut short"
     if how == "counts":
@@ -186,7 +189,9 @@ def damaged(lines: list[dict[str, Any]], how: str) -> tuple[list[dict[str, Any]]
     raise AssertionError(how)
 
 
-@pytest.mark.parametrize("how", ["field", "kind", "order", "version", "vector", "windows", "naive", "cut", "counts"])
+@pytest.mark.parametrize(
+    "how", ["field", "kind", "order", "version", "vector", "windows", "naive", "calendar", "cut", "counts"]
+)
 def test_a_bad_line_is_named_and_nothing_of_the_file_is_written(
     how: str, settings: Settings, store: Neo4jGraphStore, client: MemoryClient, new_user: NewUser, tmp_path: Path
 ) -> None:

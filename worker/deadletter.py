@@ -7,6 +7,7 @@ removes the record only after the broker has accepted the new message.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -18,6 +19,8 @@ from worker.identity import user_tag
 
 Stage = Literal["extract", "persist"]
 TRACEBACK_CHARS = 4000
+
+log = logging.getLogger(__name__)
 
 
 class DeadLetter(BaseModel):
@@ -78,6 +81,7 @@ class DeadLetterStore:
         other = previous.user_id if previous is not None and previous.user_id != user_id else None
         if other is not None:  # an explicit episode id another user sent too (one per deployment): this one kept
             previous = None
+            log.warning("dead letter of another user replaced", extra={"record_id": rid})
         letter = DeadLetter(
             id=rid,
             stage=stage,

@@ -262,10 +262,12 @@ class Settings(BaseSettings):
     def _room_in_the_window(self) -> Settings:
         """A window set too small for the answer fails every extraction (dead-lettered): say so at start. The
         prompt's own tokens, known only to the model's tokenizer, are checked at the first extraction."""
-        from worker.llm.window import MARGIN, REASK
-
         window = self.llm_context_tokens
-        if window is not None and (window - 2 * self.llm_max_tokens - REASK) * (1 - MARGIN) < 64:
+        if window is None:
+            return self
+        from worker.llm.window import MIN_ROOM, REASK, room_for_messages
+
+        if room_for_messages(window, self.llm_max_tokens) < MIN_ROOM:
             raise ValueError(
                 f"llm_context_tokens ({window}) leaves no room for the prompt and the messages after the answer "
                 f"and a re-ask of it (twice llm_max_tokens, {self.llm_max_tokens}, plus {REASK}): lower "

@@ -71,6 +71,15 @@ def token_counter(settings: Settings) -> Callable[[str], int]:
     return lambda text: int(litellm.token_counter(model=settings.llm_model, text=text)) + PER_MESSAGE
 
 
+MIN_ROOM = 64  # tokens for messages in a window, below which no conversation can be extracted
+
+
+def room_for_messages(window: int, max_tokens: int, overhead: int = 0) -> int:
+    """Tokens left for messages in a window: the answer, and a re-ask of a malformed one (the answer again
+    plus the correction), and the prompt's own `overhead` taken out."""
+    return int((window - 2 * max_tokens - REASK - overhead) * (1 - MARGIN))
+
+
 def plan_windows(
     conversation: Sequence[Message],
     context: Sequence[Message],
@@ -87,9 +96,8 @@ def plan_windows(
         return whole
     count = cache(count or token_counter(settings))  # each message counted once, however often it is placed
     overhead = _overhead(template, settings.llm_model, count) + (count(known) if known else 0)
-    # Room for the answer, and for a re-ask of a malformed one: the answer again plus the correction.
-    budget = int((window - 2 * settings.llm_max_tokens - REASK - overhead) * (1 - MARGIN))
-    if budget < 64:
+    budget = room_for_messages(window, settings.llm_max_tokens, overhead)
+    if budget < MIN_ROOM:
         raise ValueError(
             f"the model's window ({window} tokens) leaves no room for messages after the prompt ({overhead}) and "
             f"the answer ({settings.llm_max_tokens}): lower MEMORY_LLM_MAX_TOKENS or raise MEMORY_LLM_CONTEXT_TOKENS"
