@@ -29,11 +29,13 @@ from typing import Annotated, Any
 from urllib.parse import unquote
 
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api_stub.client import EpisodeReceipt, ForgetReport, MemoryClient
 from api_stub.forget_part import ForgetPartReport
@@ -125,6 +127,14 @@ def create_app(settings: Settings, client: MemoryClient | None = None) -> FastAP
             loc = loc[1:]
         field = ".".join(str(p) for p in loc) or None
         return _problem(422, "invalid_request", str(first["msg"]), field)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: Exception) -> Response:
+        """FastAPI's 400 for a body it could not decode (not UTF-8, an integer of thousands of digits, nesting
+        past the recursion limit) is an invalid request like any other: 422 with the problem body."""
+        if isinstance(exc, StarletteHTTPException) and exc.status_code == 400:
+            return _problem(422, "invalid_request", "the body is not JSON text this service can read")
+        return await http_exception_handler(request, exc)  # type: ignore[arg-type]
 
     @app.exception_handler(EpisodeRejected)
     @app.exception_handler(QueryRejected)

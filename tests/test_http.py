@@ -194,6 +194,19 @@ def test_invalid_recall_gets_422_with_the_field(server: ServerProcess, body: dic
     assert answer.json()["field"] == field
 
 
+def test_a_body_that_cannot_be_decoded_gets_422_like_any_invalid_request(server: ServerProcess) -> None:
+    """Bytes that are not UTF-8, an integer past Python's 4,300 digits, nesting past its recursion limit:
+    FastAPI answered 400 with its own {"detail"} body instead of the documented problem body."""
+    for raw in (
+        b'{"user_id": "u", "query": "\xff"}',
+        b'{"user_id": "u", "query": "x", "limit": ' + b"1" * 5000 + b"}",
+        b'{"user_id": "u", "query": "x", "as_of": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+    ):
+        headers = {**AUTH, "Content-Type": "application/json"}
+        answer = httpx.post(server.url + "/v1/recall", content=raw, headers=headers, timeout=10)
+        assert (answer.status_code, answer.json().get("error")) == (422, "invalid_request"), answer.text
+
+
 def test_a_body_over_the_limit_gets_413_and_enqueues_nothing(server: ServerProcess, clean_redis: RedisClient) -> None:
     big = {"user_id": "u", "session_id": "s", "messages": [{"role": "user", "content": "x" * 70_000}]}
     answer = httpx.post(server.url + "/v1/episodes", json=big, headers=AUTH, timeout=10)
