@@ -138,11 +138,12 @@ class StageTask(Task):  # type: ignore[misc]
         )
         return {"episode_id": episode_id, "user_id": user_id, "status": "dead_lettered"}
 
-    def redelivered(self, outcome: dict[str, Any], stored: bool) -> dict[str, Any]:
-        """A message delivered again (its worker died or was taken for lost) that finds this very send stored
-        (`stored`: its earlier delivery wrote it): the caller's wait() must say persisted, not unchanged (kept
-        for a second send). A send that another, longer send of its session covered stays unchanged."""
-        if stored and outcome.get("status") == "unchanged" and (self.request.delivery_info or {}).get("redelivered"):
+    def redelivered(self, outcome: dict[str, Any]) -> dict[str, Any]:
+        """An outcome `unchanged` because this very send is stored: on a message delivered again (its worker
+        died or was taken for lost) its earlier delivery wrote it, and the caller's wait() must say persisted
+        (a second send of it stays unchanged). Only for that case: a send that another, longer send of its
+        session covered stays unchanged, redelivered or not."""
+        if outcome.get("status") == "unchanged" and (self.request.delivery_info or {}).get("redelivered"):
             return {**outcome, "status": "persisted"}
         return outcome
 

@@ -43,24 +43,23 @@ def _extract(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
     def body(rt: Runtime, end: TaskEnd) -> dict[str, Any]:
         stage = reextract_stage if payload.get("reextract") else extract_stage  # memctl reextract
         outcome = stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm)
-        stored = bool(outcome.pop("stored", False))  # this very send found stored
+        if outcome.pop("stored", False):  # this very send found stored (a redelivery: persisted)
+            outcome = self.redelivered(outcome)
         if outcome["status"] == "extracted":
             end.extracted(outcome["record"])
         if rt.settings.persist_inline:
-            return _persist_inline(self, rt, outcome, end, stored)
-        return self.redelivered(outcome, stored)
+            return _persist_inline(rt, outcome, end)
+        return outcome
 
     return self.guarded(payload, body)
 
 
-def _persist_inline(
-    task: StageTask, rt: Runtime, extraction: dict[str, Any], end: TaskEnd, stored: bool
-) -> dict[str, Any]:
+def _persist_inline(rt: Runtime, extraction: dict[str, Any], end: TaskEnd) -> dict[str, Any]:
     """The persist stage run in the extract task: the episode's final outcome (an upstream one such as
     `unchanged` passes through it), or, when that fails, the extraction itself, which the chain hands to the
     persist task (retries with backoff, dead letter, and no model call again)."""
     try:
-        return _persisted(task, rt, extraction, end, stored)
+        return _persisted(rt, extraction, end)
     except Exception as exc:
         log.warning(
             "inline persist failed; the persist queue takes it",
@@ -70,14 +69,12 @@ def _persist_inline(
 
 
 def _persist(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
-    return self.guarded(payload, lambda rt, end: _persisted(self, rt, payload, end))
+    return self.guarded(payload, lambda rt, end: _persisted(rt, payload, end))
 
 
-def _persisted(
-    task: StageTask, rt: Runtime, payload: dict[str, Any], end: TaskEnd, stored: bool = False
-) -> dict[str, Any]:
+def _persisted(rt: Runtime, payload: dict[str, Any], end: TaskEnd) -> dict[str, Any]:
     """An extraction (or an upstream outcome, passed through) written; its in-flight record done and its
-    counts made at the task's end. stored: the extract stage found this very send stored."""
+    counts made at the task's end."""
     if payload.get("status") == "extracted":  # upstream outcomes (unchanged, dead-lettered) pass through
         rt.ensure_schema()
 
@@ -104,7 +101,7 @@ def _persisted(
     if outcome["status"] == "persisted" and outcome["created"] and not payload.get("reextract"):
         end.persisted()  # a re-extraction replaces an episode: it is not one more
     end.done(outcome["episode_id"])  # final: persisted, unchanged, forgotten, conflict, dead-lettered
-    return task.redelivered(outcome, stored)
+    return outcome
 
 
 def _stored_by_this_send(rt: Runtime, payload: dict[str, Any]) -> bool:

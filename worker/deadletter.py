@@ -133,7 +133,10 @@ class DeadLetterStore:
         return time.time() - float(first[0][1]) if first else None
 
     def remove(self, rid: str) -> bool:
-        letter = self.get(rid)
+        return self._remove(rid, self.get(rid))
+
+    def _remove(self, rid: str, letter: DeadLetter | None) -> bool:
+        """Remove the record `rid`, whose letter (None: gone) the caller has just read."""
         pipe = self._redis.pipeline(transaction=True)
         pipe.delete(keys.dlq_record(rid))
         pipe.zrem(keys.DLQ_INDEX, rid)
@@ -174,7 +177,7 @@ class DeadLetterStore:
             if letter is not None and letter.user_id != user_id:
                 continue  # another user's now (their send of the same explicit id came later)
             if only is None or (letter is not None and only(letter)):
-                removed += int(self.remove(rid))
+                removed += int(self._remove(rid, letter))
         if only is None:
             self._redis.delete(keys.dlq_user(user_tag(user_id)))
         return removed

@@ -324,7 +324,6 @@ class DeleteReport(_Frozen):
     episodes: int
     entities: int
     relationships: int
-    other_nodes: int = 0  # search windows, session progress lines and tombstones
     session_progress: int = 0
 
 

@@ -118,7 +118,6 @@ class UserErasure(StorePart):
             episodes=counts[0],
             entities=counts[1],
             relationships=relationships,
-            other_nodes=sum(counts[2:]),
             session_progress=counts[DELETE_USER_BATCHES.index(DELETE_USER_PROGRESS_BATCH)],
         )
 
