@@ -41,8 +41,11 @@ class PersistTask(StageTask):
 
 def _extract(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
     def body(rt: Runtime, end: TaskEnd) -> dict[str, Any]:
-        stage = reextract_stage if payload.get("reextract") else extract_stage  # memctl reextract
-        outcome = stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm)
+        if payload.get("reextract"):  # memctl reextract
+            outcome = reextract_stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm)
+        else:
+            read = rt.group_read.write_state
+            outcome = extract_stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm, read_state=read)
         if outcome.pop("stored", False):  # this very send found stored (a redelivery: persisted)
             outcome = self.redelivered(outcome)
         if outcome["status"] == "extracted":

@@ -23,6 +23,7 @@ from worker.models import Entity, Episode, EpisodeRecord, Message, Relationship,
 from worker.offline import MODEL_NAME as OFFLINE
 from worker.sessions import (
     StoredLine,
+    WriteState,
     erased_since,
     extracted_prefix,
     message_hashes,
@@ -92,12 +93,16 @@ def extract_stage(
     store: Neo4jGraphStore,
     llm: LLMClient | None,
     embedder: Embedder | None = None,
+    read_state: Callable[[str, str, str], WriteState] | None = None,
 ) -> dict[str, Any]:
+    """read_state: the read made before the model is called (store.write_state by default; a worker's
+    shares queries between its threads: worker/graph/state_reads.py)."""
     episode = Episode.model_validate(payload["episode"])
     base = {"episode_id": episode.id, "user_id": episode.user_id}
     accepted_at = payload.get("accepted_at")
     digest = messages_digest(episode.messages)
-    state = store.write_state(episode.user_id, progress_key(episode.user_id, episode.session_id), episode.id)
+    read = read_state or store.write_state
+    state = read(episode.user_id, progress_key(episode.user_id, episode.session_id), episode.id)
     if erased_since(accepted_at, max(state.erased_at, state.forgotten_at)):
         return {**base, "status": "forgotten"}  # erased or forgotten after this was accepted: no model call
     if state.episode_digest and state.episode_user == episode.user_id:

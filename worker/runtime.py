@@ -10,6 +10,7 @@ from typing import Any
 from worker.deadletter import DeadLetterStore
 from worker.graph.group_commit import GroupCommit
 from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.graph.state_reads import GroupRead
 from worker.inflight import InFlight
 from worker.llm.client import LLMClient, build_client
 from worker.offline import MODEL_NAME as OFFLINE
@@ -27,6 +28,7 @@ class Runtime:
     inflight: InFlight
     stats: Stats
     group_commit: GroupCommit
+    group_read: GroupRead
     _schema_ready: bool = field(default=False)
     _schema_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -45,6 +47,8 @@ class Runtime:
         self.store.close()
         self.redis.close()
 
+
+MAX_READS = 64  # extract reads in one query (a worker process runs up to 64 extract threads by default)
 
 _lock = threading.Lock()
 _runtime: Runtime | None = None
@@ -75,6 +79,9 @@ def runtime() -> Runtime:
                     settings.persist_batch_wait_ms / 1000,
                     _batch_wait_s(settings),
                     stats.committed,
+                ),
+                group_read=GroupRead(
+                    store.write_states, MAX_READS, settings.extract_read_wait_ms / 1000, _batch_wait_s(settings)
                 ),
             )
             _pid = os.getpid()

@@ -171,6 +171,13 @@ class Settings(BaseSettings):
         le=5_000,
         description="How long a persist batch waits for more episodes once it holds one.",
     )
+    extract_read_wait_ms: int = Field(
+        20,
+        ge=0,
+        le=1_000,
+        description="How long the read an extraction starts with waits for other extract threads' reads, to "
+        "share one query with them (0: each read alone).",
+    )
     extract_context_messages: int = Field(
         4, ge=0, le=100, description="Earlier messages sent as context when a session grows."
     )

@@ -26,6 +26,7 @@ _NEGATED = frozenset(
     "ain aren can couldn didn doesn don hadn hasn haven isn mustn shan shouldn wasn weren won wouldn".split()
 )
 MAX_TERM_CHARS = 40  # longer runs (hashes, base64) carry no meaning and bloat the index
+_LONGEST_TOKEN = MAX_TERM_CHARS + 3  # a token's clitic ("'ll") is cut before its length is checked
 
 
 _local = threading.local()
@@ -41,32 +42,35 @@ def _stemmer() -> Any:
     return stemmer
 
 
-@lru_cache(maxsize=65_536)
-def _stem(word: str) -> str:
-    stemmed: str = _stemmer().stemWord(word)
-    return stemmed
-
-
 def _cjk_bigrams(run: str) -> list[str]:
     if len(run) == 1:
         return [run]
     return [run[i : i + 2] for i in range(len(run) - 1)]
 
 
+@lru_cache(maxsize=65_536)
+def _term(token: str) -> str | None:
+    """A (normalised, case-folded) word's term, None if it is left out. Cached: words repeat, and most of
+    an episode's text is analysed more than once (each message is in up to three search windows)."""
+    word = _CLITIC.sub("", token).replace("’", "'")
+    if word in ENGLISH_STOP or word in _NEGATED or len(word) > MAX_TERM_CHARS:
+        return None
+    if len(word) == 1 and not word.isdigit():
+        return None
+    stemmed: str = _stemmer().stemWord(word.replace("'", ""))
+    return stemmed
+
+
 def terms(text: str) -> list[str]:
     """Text → its search terms, in order (duplicates kept: term frequency matters to BM25)."""
     out: list[str] = []
-    for match in _TOKEN.finditer(unicodedata.normalize("NFKC", text).casefold()):
-        token = match.group(0)
+    for token in _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold()):
         if _CJK.match(token):
             out.extend(_cjk_bigrams(token))
-            continue
-        word = _CLITIC.sub("", token).replace("’", "'")
-        if word in ENGLISH_STOP or word in _NEGATED or len(word) > MAX_TERM_CHARS:
-            continue
-        if len(word) == 1 and not word.isdigit():
-            continue
-        out.append(_stem(word.replace("'", "")))
+        elif len(token) <= _LONGEST_TOKEN:  # longer ones are never terms (and never fill the cache)
+            term = _term(token)
+            if term is not None:
+                out.append(term)
     return out
 
 

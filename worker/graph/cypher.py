@@ -157,13 +157,15 @@ SET p.extracted = CASE WHEN stale THEN p.extracted ELSE row.extracted END,
 """
 
 # What the extract stage needs before it calls the model: the session's line, when the user was last
-# erased, and the digest of an episode already stored under this id.
-WRITE_STATE = """
-OPTIONAL MATCH (p:SessionProgress {key: $key}) WHERE p.user_id = $user_id
-OPTIONAL MATCH (u:UserMark {user_tag: $tag})
-OPTIONAL MATCH (e:Episode {id: $episode_id})
-CALL () { OPTIONAL MATCH (t:Forgotten) WHERE t.key IN $tombstones RETURN max(t.at) AS forgotten_at }
-RETURN p.extracted AS extracted, p.digest AS digest, p.hashes AS hashes,
+# erased, and the digest of an episode already stored under this id; one row per request, many requests in
+# one query (worker/graph/state_reads.py).
+WRITE_STATES = """
+UNWIND $rows AS r
+OPTIONAL MATCH (p:SessionProgress {key: r.key}) WHERE p.user_id = r.user_id
+OPTIONAL MATCH (u:UserMark {user_tag: r.tag})
+OPTIONAL MATCH (e:Episode {id: r.episode_id})
+CALL (r) { OPTIONAL MATCH (t:Forgotten) WHERE t.key IN r.tombstones RETURN max(t.at) AS forgotten_at }
+RETURN r.i AS i, p.extracted AS extracted, p.digest AS digest, p.hashes AS hashes,
        coalesce(u.erased_at, 0.0) AS erased_at, e.user_id AS episode_user, e.source_digest AS episode_digest,
        coalesce(forgotten_at, 0.0) AS forgotten_at
 """

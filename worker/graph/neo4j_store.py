@@ -19,7 +19,7 @@ from worker.graph.candidates import CANDIDATES, candidate_params, candidates_sta
 from worker.graph.erase import UserErasure
 from worker.graph.errors import translated
 from worker.graph.facts import KnownFactsReader
-from worker.graph.forget import ForgetCounts, episode_tombstone, forget_transaction, session_tombstone
+from worker.graph.forget import ForgetCounts, forget_transaction
 from worker.graph.fusion import FusionWeights, Ranked, fuse
 from worker.graph.lucene import build_query, terms_query
 from worker.graph.params import EpisodeWrite, reindex_rows
@@ -27,6 +27,7 @@ from worker.graph.passage import snippet
 from worker.graph.portable import Portability
 from worker.graph.reextract import Reextraction
 from worker.graph.save_tx import save_chunks, save_transaction
+from worker.graph.state_reads import StateRequest, read_states
 from worker.graph.values import EPOCH
 from worker.graph.values import native as _native
 from worker.identity import user_tag
@@ -42,7 +43,7 @@ from worker.models import (
     SessionProgress,
     StoreStats,
 )
-from worker.sessions import StoredLine, WriteState
+from worker.sessions import WriteState
 from worker.settings import Settings
 from worker.timeframe import Period
 
@@ -239,26 +240,12 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
     def write_state(self, user_id: str, key: str, episode_id: str) -> WriteState:
         """What the extract stage checks before it calls the model (one read): the session's line, the
         user's last erasure, and an episode already stored under this id."""
-        params = {
-            "key": key,
-            "user_id": user_id,
-            "tag": user_tag(user_id),
-            "episode_id": episode_id,
-            "tombstones": [episode_tombstone(user_id, episode_id), session_tombstone(key)],
-        }
+        return self.write_states([StateRequest(user_id, key, episode_id)])[0]
+
+    def write_states(self, requests: Sequence[StateRequest]) -> list[WriteState]:
+        """The write state of each request, in order, in one read (worker/graph/state_reads.py)."""
         with translated("write_state"), self._read_session() as session:
-            row = session.run(cypher.WRITE_STATE, params).single(strict=True)
-        line = None
-        if row["extracted"] is not None:
-            hashes = row["hashes"]
-            line = StoredLine(int(row["extracted"]), str(row["digest"]), None if hashes is None else tuple(hashes))
-        return WriteState(
-            line=line,
-            erased_at=float(row["erased_at"]),
-            episode_user=row["episode_user"],
-            episode_digest=row["episode_digest"],
-            forgotten_at=float(row["forgotten_at"]),
-        )
+            return read_states(session, requests)
 
     def forget(
         self, user_id: str, at: float, *, episode_id: str | None = None, session_id: str | None = None

@@ -1,0 +1,121 @@
+"""The read before an extraction, in batches (worker/graph/state_reads.py): reads that extract threads ask
+for together share one query on the real Neo4j, each thread gets its own state, and one bad request or a
+stalled reader fails only as it would alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from tests.factories import record
+from tests.test_group_commit import line, save_all
+from worker.errors import StoreUnavailable
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.graph.state_reads import GroupRead, StateRequest
+from worker.sessions import WriteState, progress_key
+
+
+def counted(read_many: Callable[[Sequence[StateRequest]], list[WriteState]], sizes: list[int]) -> Any:
+    """read_many, noting the size of each batch it is given."""
+
+    def read(requests: Sequence[StateRequest]) -> list[WriteState]:
+        sizes.append(len(requests))
+        return read_many(requests)
+
+    return read
+
+
+def test_reads_asked_together_share_one_query_and_each_gets_its_own_state(
+    store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    plain, erased, other = new_user("plain"), new_user("erased"), new_user("other")
+    stored = record(plain, "already stored", session_id="done").model_copy(update={"source_digest": "d1"})
+    assert store.save_episode(stored, [], [], line(plain, "done", ("h1", "h2"), 0)).created
+    forgotten = record(plain, "forgotten later", session_id="gone")
+    assert store.save_episode(forgotten, [], []).created
+    store.forget(plain, time.time(), episode_id=forgotten.id)
+    store.erasure_done(erased, store.mark_erased(erased, time.time()))
+    asked = [
+        (plain, progress_key(plain, "done"), stored.id),  # a line of two messages, and the episode stored
+        (plain, progress_key(plain, "new"), "ep-new"),  # nothing yet
+        (plain, progress_key(plain, "gone"), forgotten.id),  # forgotten
+        (erased, progress_key(erased, "s"), "ep-erased"),  # the user erased
+        (other, progress_key(other, "done"), stored.id),  # another user's session key: not plain's line
+    ] * 4
+    sizes: list[int] = []
+    group = GroupRead(counted(store.write_states, sizes), max_batch=64, linger_s=0.5, wait_s=30)
+    states = save_all([lambda a=a: group.write_state(*a) for a in asked])
+    assert states == [store.write_state(*a) for a in asked]  # each its own, as a read of its own gives
+    assert sum(sizes) == len(asked) and max(sizes) > 1 and len(sizes) < len(asked)
+    done, new, gone, gone_user, other_user = states[:5]
+    assert done.line is not None and done.line.extracted == 2 and done.episode_user == plain
+    assert done.episode_digest == "d1" and done.forgotten_at == 0.0
+    assert new.line is None and new.episode_user is None and new.erased_at == 0.0
+    assert gone.forgotten_at > 0 and gone.episode_user is None
+    assert gone_user.erased_at > 0 and done.erased_at == 0.0
+    assert other_user.line is None and other_user.episode_user == plain  # the id is taken (a conflict)
+
+
+def test_one_bad_request_fails_alone_and_the_rest_of_its_batch_is_answered(
+    store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("bad")
+
+    def refusing(requests: Sequence[StateRequest]) -> list[WriteState]:
+        if any(r.episode_id == "poison" for r in requests):
+            raise ValueError("refused")
+        return store.write_states(requests)
+
+    sizes: list[int] = []
+    group = GroupRead(counted(refusing, sizes), max_batch=64, linger_s=0.5, wait_s=30)
+    ids = ["a", "b", "poison", "c", "d"]
+    states = save_all([lambda i=i: group.write_state(user, progress_key(user, i), i) for i in ids])
+    assert isinstance(states[2], ValueError)
+    assert all(isinstance(s, WriteState) and s.line is None for i, s in enumerate(states) if i != 2)
+    assert max(sizes) > 1  # they were asked in one batch, then read again one by one
+
+
+def test_neo4j_unavailable_fails_every_read_of_the_batch_as_unavailable(
+    store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("away")
+
+    def away(requests: Sequence[StateRequest]) -> list[WriteState]:
+        raise StoreUnavailable("neo4j away", cause="ServiceUnavailable")
+
+    group = GroupRead(away, max_batch=64, linger_s=0.5, wait_s=30)
+    states = save_all([lambda i=i: group.write_state(user, progress_key(user, str(i)), str(i)) for i in range(4)])
+    assert all(isinstance(s, StoreUnavailable) and s.cause == "ServiceUnavailable" for s in states)
+    assert len({id(s) for s in states}) == 4  # each caller raises its own copy
+
+
+def test_a_stalled_read_fails_its_callers_after_the_wait_and_the_next_reads_go_on(
+    store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("stall")
+    release = threading.Event()
+
+    def stalling(requests: Sequence[StateRequest]) -> list[WriteState]:
+        if any(r.episode_id == "stuck" for r in requests):
+            release.wait(30)
+        return store.write_states(requests)
+
+    group = GroupRead(stalling, max_batch=64, linger_s=0.01, wait_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="did not finish in time"):
+        group.write_state(user, progress_key(user, "s"), "stuck")
+    assert time.monotonic() - started < 5
+    release.set()
+    assert group.write_state(user, progress_key(user, "s"), "next").line is None
+
+
+def test_without_a_wait_each_read_is_its_callers_own(store: Neo4jGraphStore, new_user: Callable[[str], str]) -> None:
+    user = new_user("alone")
+    sizes: list[int] = []
+    group = GroupRead(counted(store.write_states, sizes), max_batch=64, linger_s=0, wait_s=30)
+    states = save_all([lambda i=i: group.write_state(user, progress_key(user, str(i)), str(i)) for i in range(6)])
+    assert all(isinstance(s, WriteState) for s in states) and sizes == [1] * 6
