@@ -28,7 +28,7 @@ from worker.settings import Settings
 Workers = Callable[..., WorkerProcess]
 
 
-def save_all(saves: list[Callable[[], SaveResult]], apart_s: float = 0.0) -> list[Any]:
+def save_all(saves: list[Callable[[], Any]], apart_s: float = 0.0) -> list[Any]:
     """Each save from its own thread, as persist threads do (at once, or handed over in order apart_s
     apart); each one's result or error."""
     outcomes: list[Any] = [RuntimeError("not run")] * len(saves)

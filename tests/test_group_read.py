@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import pytest
@@ -48,7 +49,7 @@ def test_reads_asked_together_share_one_query_and_each_gets_its_own_state(
     ] * 4
     sizes: list[int] = []
     group = GroupRead(counted(store.write_states, sizes), max_batch=64, linger_s=0.5, wait_s=30)
-    states = save_all([lambda a=a: group.write_state(*a) for a in asked])
+    states = save_all([partial(group.write_state, *a) for a in asked])
     assert states == [store.write_state(*a) for a in asked]  # each its own, as a read of its own gives
     assert sum(sizes) == len(asked) and max(sizes) > 1 and len(sizes) < len(asked)
     done, new, gone, gone_user, other_user = states[:5]
@@ -73,7 +74,7 @@ def test_one_bad_request_fails_alone_and_the_rest_of_its_batch_is_answered(
     sizes: list[int] = []
     group = GroupRead(counted(refusing, sizes), max_batch=64, linger_s=0.5, wait_s=30)
     ids = ["a", "b", "poison", "c", "d"]
-    states = save_all([lambda i=i: group.write_state(user, progress_key(user, i), i) for i in ids])
+    states = save_all([partial(group.write_state, user, progress_key(user, i), i) for i in ids])
     assert isinstance(states[2], ValueError)
     assert all(isinstance(s, WriteState) and s.line is None for i, s in enumerate(states) if i != 2)
     assert max(sizes) > 1  # they were asked in one batch, then read again one by one
@@ -88,7 +89,7 @@ def test_neo4j_unavailable_fails_every_read_of_the_batch_as_unavailable(
         raise StoreUnavailable("neo4j away", cause="ServiceUnavailable")
 
     group = GroupRead(away, max_batch=64, linger_s=0.5, wait_s=30)
-    states = save_all([lambda i=i: group.write_state(user, progress_key(user, str(i)), str(i)) for i in range(4)])
+    states = save_all([partial(group.write_state, user, progress_key(user, str(i)), str(i)) for i in range(4)])
     assert all(isinstance(s, StoreUnavailable) and s.cause == "ServiceUnavailable" for s in states)
     assert len({id(s) for s in states}) == 4  # each caller raises its own copy
 
@@ -117,5 +118,5 @@ def test_without_a_wait_each_read_is_its_callers_own(store: Neo4jGraphStore, new
     user = new_user("alone")
     sizes: list[int] = []
     group = GroupRead(counted(store.write_states, sizes), max_batch=64, linger_s=0, wait_s=30)
-    states = save_all([lambda i=i: group.write_state(user, progress_key(user, str(i)), str(i)) for i in range(6)])
+    states = save_all([partial(group.write_state, user, progress_key(user, str(i)), str(i)) for i in range(6)])
     assert all(isinstance(s, WriteState) for s in states) and sizes == [1] * 6
