@@ -81,7 +81,7 @@ def runtime() -> Runtime:
                     stats.committed,
                 ),
                 group_read=GroupRead(
-                    store.write_states, MAX_READS, settings.extract_read_wait_ms / 1000, _batch_wait_s(settings)
+                    store.write_states, MAX_READS, settings.extract_read_wait_ms / 1000, _read_wait_s(settings)
                 ),
             )
             _pid = os.getpid()
@@ -93,6 +93,12 @@ def _batch_wait_s(settings: Settings) -> float:
     each with the driver's retries on top of the server-side timeout, and a margin for the linger and a
     refused batch written again one by one."""
     return 2 * (settings.neo4j_tx_timeout_s + settings.neo4j_retry_time_s) + 60.0
+
+
+def _read_wait_s(settings: Settings) -> float:
+    """How long an extract task waits for the read holding its own: the read, with the driver's retries on
+    top of its server-side timeout, and a margin for the linger."""
+    return settings.neo4j_tx_timeout_s + settings.neo4j_retry_time_s + 10.0
 
 
 def shutdown_runtime() -> None:

@@ -30,8 +30,8 @@ import redis
 from api_stub.cli import DEFAULT_EXTRACT_PROCESSES, DEFAULT_EXTRACT_THREADS, DEFAULT_PERSIST_THREADS
 from api_stub.client import MemoryClient
 from tests.benchmarks import noop_app
-from tests.benchmarks.common import latency_ms, timed, write_results
-from tests.services import ROOT, load_services_env, local_pid
+from tests.benchmarks.common import latency_ms, neo4j_cpu_s, timed, write_results
+from tests.services import ROOT, load_services_env
 from tests.workers import WorkerProcess
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.keys import EXTRACT_QUEUE, PERSIST_QUEUE
@@ -139,7 +139,7 @@ def _steady(rounds: list[dict[str, float | None]]) -> bool:
 def _one_run(client: MemoryClient, store: Neo4jGraphStore, user: str) -> dict[str, float | None]:
     for i in range(E2E_EPISODES):
         client.add_episode(user, f"s{i}", messages(i))
-    neo4j_cpu = _neo4j_cpu_s()
+    neo4j_cpu = neo4j_cpu_s()
     started = time.perf_counter()
     env = {**os.environ, "MEMORY_LLM_MODEL": "offline"}
     worker = WorkerProcess(Path(tempfile.mkdtemp()) / "worker.log", env, defaults=True).start()
@@ -147,25 +147,13 @@ def _one_run(client: MemoryClient, store: Neo4jGraphStore, user: str) -> dict[st
         overall, steady = _persisted_rate(lambda: store.episode_count(user), E2E_EPISODES, started)
     finally:
         worker.stop()
-    after = _neo4j_cpu_s()
+    after = neo4j_cpu_s()
     per_episode = None if neo4j_cpu is None or after is None else (after - neo4j_cpu) / E2E_EPISODES * 1000
     return {
         "from_worker_start": round(overall, 1),
         "steady": round(steady, 1),
         "neo4j_cpu_ms_per_episode": None if per_episode is None else round(per_episode, 2),
     }
-
-
-def _neo4j_cpu_s() -> float | None:
-    """CPU seconds the local Neo4j (deploy/local/services.sh) has used; None when it is not ours to read."""
-    pid = local_pid("neo4j/launcher.pid", "memory.Neo4jLauncher")
-    if pid is None:
-        return None
-    try:
-        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_celery_ceiling(r: Any, first: Any, pools: list[tuple[str, int, int]]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Graph-store benchmark: save throughput, and search latency against the bare fulltext floor at 10k and 100k.
+"""Graph-store benchmark: save throughput, the extract stage's read alone and in batches, and search latency
+against the bare fulltext floor at 10k and 100k.
 
     make bench            (or: .venv/bin/python -m tests.benchmarks.bench_store)
 
@@ -15,11 +16,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tests.benchmarks.common import Corpus, measure_rounds, summarise_rounds, timed, write_results
+from tests.benchmarks.common import Corpus, measure_rounds, neo4j_cpu_s, summarise_rounds, timed, write_results
 from tests.services import load_services_env
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.graph.params import EpisodeWrite
+from worker.graph.state_reads import StateRequest
 from worker.models import Entity, EpisodeRecord, Relationship
+from worker.sessions import progress_key
 from worker.settings import Settings
 
 USERS = 1000
@@ -27,6 +30,8 @@ BATCH = 200
 QUERIES = 200  # per round
 ROUNDS = 9  # the reported p95 is the median of the rounds' p95, so one GC pause or merge cannot decide it
 WARMUP = 300
+READS = 4000  # write_state reads per pass
+READ_BATCH = 8
 SETTLE_S = 10  # after a bulk load, let Lucene finish merging segments before measuring
 
 
@@ -68,6 +73,27 @@ def bench_saves(store: Neo4jGraphStore, corpus: Corpus) -> dict[str, object]:
     out["shape"] = "5 entities + 5 relationships per episode"
     for user in range(2000, 2050):
         store.delete_user(f"bench-u{user:04d}")
+    return out
+
+
+def bench_reads(store: Neo4jGraphStore) -> dict[str, object]:
+    """The read each extraction starts with (write_state): CPU per read, this process's and Neo4j's, one
+    query per read against batches of READ_BATCH requests in one query (what GroupRead sends)."""
+    user = "bench-reads"
+    requests = [StateRequest(user, progress_key(user, f"s{i}"), f"ep{i}") for i in range(READS)]
+    out: dict[str, object] = {}
+    for name, size in (("alone", 1), (f"batches_of_{READ_BATCH}", READ_BATCH)):
+        for _ in range(2):  # the first pass plans the query and warms the pools: the second is reported
+            own, neo4j = time.process_time(), neo4j_cpu_s()
+            for i in range(0, READS, size):
+                store.write_states(requests[i : i + size])
+            own_ms = (time.process_time() - own) * 1000 / READS
+            after = neo4j_cpu_s()
+            neo4j_ms = None if neo4j is None or after is None else (after - neo4j) * 1000 / READS
+        out[name] = {
+            "client_cpu_ms_per_read": round(own_ms, 3),
+            "neo4j_cpu_ms_per_read": None if neo4j_ms is None else round(neo4j_ms, 3),
+        }
     return out
 
 
@@ -141,7 +167,7 @@ def main() -> None:
     store.ensure_schema()
     corpus = Corpus()
     clear_population(store)
-    results: dict[str, object] = {"save": bench_saves(store, corpus)}
+    results: dict[str, object] = {"save": bench_saves(store, corpus), "write_state_reads": bench_reads(store)}
     at_10k = bench_search(store, corpus, 10_000)
     at_100k = bench_search(store, corpus, 100_000)
     results["search_10k"], results["search_100k"] = at_10k, at_100k

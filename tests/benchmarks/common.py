@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import random
 import statistics
@@ -11,6 +12,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from tests.services import local_pid
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -109,3 +112,15 @@ def summarise_rounds(name: str, rounds: list[Round]) -> dict[str, Any]:
         "floor_p95_ms_by_round": [b["p95_ms"] for _, b in rounds],
         "p95_ratio_to_floor": round(p95 / floor_p95, 2),
     }
+
+
+def neo4j_cpu_s() -> float | None:
+    """CPU seconds the local Neo4j (deploy/local/services.sh) has used; None when it is not ours to read."""
+    pid = local_pid("neo4j/launcher.pid", "memory.Neo4jLauncher")
+    if pid is None:
+        return None
+    try:
+        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

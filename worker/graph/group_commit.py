@@ -18,35 +18,29 @@ A failure of a batch:
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 
-from worker.errors import StoreError, StoreUnavailable
+from worker.graph.batcher import Batcher, Waiting
 from worker.graph.params import EpisodeWrite
 from worker.graph.protocol import GraphStore
 from worker.models import Entity, EpisodeRecord, Relationship, SaveResult, SessionProgress
 
-log = logging.getLogger(__name__)
-
 
 @dataclass
-class _Pending:
+class _Pending(Waiting):
     write: EpisodeWrite
     progress: SessionProgress | None
-    done: threading.Event = field(default_factory=threading.Event)
-    result: SaveResult | None = None
-    error: BaseException | None = None
 
     @property
     def episode_id(self) -> str:
         return self.write[0].id
 
 
-class GroupCommit:
+class GroupCommit(Batcher[_Pending]):
+    name = "persist-group-commit"
+    late = "the batch holding this episode did not finish in time"
+
     def __init__(
         self,
         store: GraphStore,
@@ -56,17 +50,13 @@ class GroupCommit:
         committed: Callable[[int], None] = lambda episodes: None,
     ) -> None:
         """max_batch: most episodes in one transaction (1: each alone, no writer thread); linger_s: how long
-        the writer waits for more once it holds one; wait_s: how long a caller waits for its batch before
-        it fails with StoreUnavailable (its task retries; a save that still commits later is found stored
-        by the retry); committed(episodes) is told of each transaction committed."""
+        the writer waits for more once it holds one (a gap of a fifth of it with nothing new ends the wait);
+        wait_s: how long a caller waits for its batch before it fails with StoreUnavailable (its task
+        retries; a save that still commits later is found stored by the retry); committed(episodes) is told
+        of each transaction committed."""
+        super().__init__(max_batch, linger_s, linger_s / 5, wait_s, replace_stuck=False)
         self._store = store
         self._committed = committed
-        self._max_batch = max_batch
-        self._linger_s = linger_s
-        self._wait_s = wait_s
-        self._queue: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
 
     def save(
         self,
@@ -76,92 +66,17 @@ class GroupCommit:
         progress: SessionProgress | None = None,
     ) -> SaveResult:
         """Write one episode (as Neo4jGraphStore.save_episode), in a transaction shared with others."""
-        item = _Pending((record, entities, relationships), progress)
-        if self._max_batch <= 1:
-            self._commit([item])
-        else:
-            self._start()
-            self._queue.put(item)
-            if not item.done.wait(self._wait_s):
-                raise StoreUnavailable("the batch holding this episode did not finish in time", cause="GroupCommit")
-        if item.error is not None:
-            raise item.error
-        assert item.result is not None
-        return item.result
+        result: SaveResult = self._hand_over(_Pending((record, entities, relationships), progress))
+        return result
 
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="persist-group-commit", daemon=True)
-                self._thread.start()
+    def key(self, item: _Pending) -> Hashable:
+        """At most one episode per session (and so per episode id) in a batch: the session line a send is
+        checked against is then the one stored, exactly as if the sends were written one by one."""
+        return (item.write[0].user_id, item.write[0].session_id)
 
-    def _run(self) -> None:
-        deferred: list[_Pending] = []
-        while True:
-            try:
-                batch, deferred = self._gather(deferred)
-                self._commit(batch)
-            except Exception as exc:  # never leave callers waiting on a dead writer
-                log.error("persist writer failed", extra={"error_class": type(exc).__name__})
-
-    def _gather(self, deferred: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
-        """The next batch, and what waits for a later one. At most one episode per session (and so per
-        episode id) in a batch: the session line a send is checked against is then the one stored, exactly
-        as if the sends were written one by one. Lingers while episodes keep arriving (a gap of a fifth of
-        linger_s ends it), up to linger_s."""
-        batch: list[_Pending] = []
-        later: list[_Pending] = []
-        sessions: set[tuple[str, str]] = set()
-
-        def take(item: _Pending) -> None:
-            session = (item.write[0].user_id, item.write[0].session_id)
-            if session in sessions or len(batch) >= self._max_batch:
-                later.append(item)
-            else:
-                batch.append(item)
-                sessions.add(session)
-
-        for item in deferred:
-            take(item)
-        if not batch:
-            take(self._queue.get())
-        until = time.monotonic() + self._linger_s
-        gap = self._linger_s / 5
-        while len(batch) < self._max_batch:
-            left = until - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                take(self._queue.get(timeout=min(left, gap)))
-            except queue.Empty:
-                break
-        return batch, later
-
-    def _commit(self, batch: list[_Pending]) -> None:
-        try:
-            progress = {p.episode_id: p.progress for p in batch if p.progress is not None}
-            results = self._store.save_episodes([p.write for p in batch], progress)
-        except StoreUnavailable as exc:
-            for p in batch:  # each caller raises its own copy (a traceback is per raise)
-                p.error = StoreUnavailable(str(exc), cause=exc.cause)
-        except Exception as exc:
-            if len(batch) == 1:
-                batch[0].error = exc
-            else:
-                log.warning(
-                    "persist batch refused; writing its episodes one by one",
-                    extra={"episodes": len(batch), "error_class": _error_class(exc)},
-                )
-                for p in batch:
-                    self._commit([p])
-        else:
-            for p, result in zip(batch, results, strict=True):
-                p.result = result
-            self._committed(len(batch))
-        finally:
-            for p in batch:
-                p.done.set()
-
-
-def _error_class(exc: BaseException) -> str:
-    return (exc.cause if isinstance(exc, StoreError) else None) or type(exc).__name__
+    def handle(self, items: list[_Pending]) -> None:
+        progress = {p.episode_id: p.progress for p in items if p.progress is not None}
+        results = self._store.save_episodes([p.write for p in items], progress)
+        for p, result in zip(items, results, strict=True):
+            p.result = result
+        self._committed(len(items))

@@ -243,9 +243,10 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
         return self.write_states([StateRequest(user_id, key, episode_id)])[0]
 
     def write_states(self, requests: Sequence[StateRequest]) -> list[WriteState]:
-        """The write state of each request, in order, in one read (worker/graph/state_reads.py)."""
+        """The write state of each request, in order, in one read (worker/graph/state_reads.py), with the
+        server-side timeout and the driver's retries of a write."""
         with translated("write_state"), self._read_session() as session:
-            return read_states(session, requests)
+            return session.execute_read(unit_of_work(timeout=self._tx_timeout_s)(read_states), requests)
 
     def forget(
         self, user_id: str, at: float, *, episode_id: str | None = None, session_id: str | None = None

@@ -2,31 +2,26 @@
 forgets, an episode already stored under the id), and the group read that serves many extract threads at once.
 
 Every extract task makes this read first. Alone, it is a query of its own: a session, a round trip and the
-server's per-query work, paid per episode (measured here: about 1.1 ms of CPU per read, client and server
-together, and 0.2 ms per read in batches of 8). `GroupRead` hands the reads that extract threads ask for while
-it gathers to one query (UNWIND), and gives each thread its own row. A read in a batch is made after the
-thread asked for it, so what it sees is never older than what a read of its own would have seen.
+server's per-query work, paid per episode (bench_store `write_state_reads`: about 1.8 ms of CPU per read,
+client and server together, and 0.2 ms per read in batches of 8). `GroupRead` hands the reads that extract
+threads ask for while it gathers to one query (UNWIND), and gives each thread its own row. A read in a batch
+is made after the thread asked for it, so what it sees is never older than what a read of its own would have
+seen.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from neo4j import Session
+from neo4j import ManagedTransaction
 
-from worker.errors import StoreUnavailable
 from worker.graph import cypher
+from worker.graph.batcher import Batcher, Waiting
 from worker.graph.forget import episode_tombstone, session_tombstone
 from worker.identity import user_tag
 from worker.sessions import StoredLine, WriteState
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,7 +31,7 @@ class StateRequest:
     episode_id: str
 
 
-def read_states(session: Session, requests: Sequence[StateRequest]) -> list[WriteState]:
+def read_states(tx: ManagedTransaction, requests: Sequence[StateRequest]) -> list[WriteState]:
     """The write state of each request, in order (one query)."""
     rows = [
         {
@@ -50,7 +45,7 @@ def read_states(session: Session, requests: Sequence[StateRequest]) -> list[Writ
         for i, r in enumerate(requests)
     ]
     states: dict[int, WriteState] = {}
-    for row in session.run(cypher.WRITE_STATES, rows=rows):
+    for row in tx.run(cypher.WRITE_STATES, rows=rows):
         states[int(row["i"])] = _state(row)
     return [states[i] for i in range(len(requests))]
 
@@ -70,14 +65,14 @@ def _state(row: Any) -> WriteState:
 
 
 @dataclass
-class _Asked:
+class _Asked(Waiting):
     request: StateRequest
-    done: threading.Event = field(default_factory=threading.Event)
-    state: WriteState | None = None
-    error: BaseException | None = None
 
 
-class GroupRead:
+class GroupRead(Batcher[_Asked]):
+    name = "extract-group-read"
+    late = "the read holding this episode did not finish in time"
+
     def __init__(
         self,
         read_many: Callable[[Sequence[StateRequest]], list[WriteState]],
@@ -87,72 +82,17 @@ class GroupRead:
     ) -> None:
         """read_many: the reads of a batch, in order (Neo4jGraphStore.write_states); max_batch: most reads in
         one query; linger_s: how long the reader gathers once it holds one (0: each read alone, in its
-        caller's thread); wait_s: how long a caller waits for its batch before StoreUnavailable."""
+        caller's thread); wait_s: how long a caller waits for its batch before StoreUnavailable (a reader
+        stuck on one query for longer is left to it: a new one reads what comes after)."""
+        super().__init__(max_batch if linger_s > 0 else 1, linger_s, linger_s, wait_s, replace_stuck=True)
         self._read_many = read_many
-        self._max_batch = max_batch
-        self._linger_s = linger_s
-        self._wait_s = wait_s
-        self._queue: queue.SimpleQueue[_Asked] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
 
     def write_state(self, user_id: str, key: str, episode_id: str) -> WriteState:
         """As Neo4jGraphStore.write_state, in a query shared with the other threads asking meanwhile."""
-        asked = _Asked(StateRequest(user_id, key, episode_id))
-        if self._linger_s <= 0 or self._max_batch <= 1:
-            self._read([asked])
-        else:
-            self._start()
-            self._queue.put(asked)
-            if not asked.done.wait(self._wait_s):
-                raise StoreUnavailable("the read holding this episode did not finish in time", cause="GroupRead")
-        if asked.error is not None:
-            raise asked.error
-        assert asked.state is not None
-        return asked.state
+        state: WriteState = self._hand_over(_Asked(StateRequest(user_id, key, episode_id)))
+        return state
 
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="extract-group-read", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self._read(self._gather())
-            except Exception as exc:  # never leave callers waiting on a dead reader
-                log.error("extract reader failed", extra={"error_class": type(exc).__name__})
-
-    def _gather(self) -> list[_Asked]:
-        """What is waiting: the first read, then whatever arrives within linger_s, up to max_batch."""
-        batch = [self._queue.get()]
-        until = time.monotonic() + self._linger_s
-        while len(batch) < self._max_batch:
-            left = until - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                batch.append(self._queue.get(timeout=left))
-            except queue.Empty:
-                break
-        return batch
-
-    def _read(self, batch: list[_Asked]) -> None:
-        try:
-            states = self._read_many([a.request for a in batch])
-        except StoreUnavailable as exc:
-            for a in batch:  # each caller raises its own copy (a traceback is per raise)
-                a.error = StoreUnavailable(str(exc), cause=exc.cause)
-        except Exception as exc:
-            if len(batch) == 1:
-                batch[0].error = exc
-            else:  # one bad request must not fail the others: each read again alone
-                for a in batch:
-                    self._read([a])
-        else:
-            for a, state in zip(batch, states, strict=True):
-                a.state = state
-        finally:
-            for a in batch:
-                a.done.set()
+    def handle(self, items: list[_Asked]) -> None:
+        states = self._read_many([a.request for a in items])
+        for a, state in zip(items, states, strict=True):
+            a.result = state

@@ -1,0 +1,166 @@
+"""What the group commit and the group read share: callers in many threads hand over one item each and wait;
+one thread of the process takes what is waiting and handles it as one batch (one Neo4j transaction or query).
+
+A caller waits at most `wait_s`, then fails with StoreUnavailable (its task retries). A batch the handler fails
+with StoreUnavailable fails each of its callers with a copy of that error; any other failure is handled again
+item by item, so only the bad item fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from worker.errors import StoreError, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Waiting:
+    """One caller's item: its answer (result or error) is set before `done`."""
+
+    done: threading.Event = field(default_factory=threading.Event, init=False)
+    result: Any = field(default=None, init=False)
+    error: BaseException | None = field(default=None, init=False)
+
+
+W = TypeVar("W", bound=Waiting)
+
+
+class Batcher(Generic[W]):
+    name = "batch"  # the handler thread's name; errors name the class
+    late = "the batch holding this item did not finish in time"
+
+    def __init__(self, max_batch: int, linger_s: float, gap_s: float, wait_s: float, replace_stuck: bool) -> None:
+        """max_batch: most items in one batch (1: each alone, in its caller's thread); linger_s: how long the
+        handler gathers once it holds one; gap_s: a gap this long with nothing new ends the gathering;
+        wait_s: how long a caller waits for its batch; replace_stuck: a handler busy on one batch for longer
+        than wait_s is left to finish alone, and a new one takes the batches after it."""
+        self._max_batch = max_batch
+        self._linger_s = linger_s
+        self._gap_s = gap_s
+        self._wait_s = wait_s
+        self._replace_stuck = replace_stuck
+        self._queue: queue.SimpleQueue[W] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._busy_since: float | None = None
+
+    def handle(self, items: list[W]) -> None:
+        """Answer each item (set its result or error); raising fails what it left unanswered."""
+        raise NotImplementedError
+
+    def key(self, item: W) -> Hashable | None:
+        """Items with the same key are never in one batch (a later one waits for the next); None: any."""
+        return None
+
+    def _hand_over(self, item: W) -> Any:
+        """The item's result, once its batch is handled (its error raised)."""
+        if self._max_batch <= 1:
+            self._answer([item])
+        else:
+            self._start()
+            self._queue.put(item)
+            if not item.done.wait(self._wait_s):
+                raise StoreUnavailable(self.late, cause=type(self).__name__)
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _start(self) -> None:
+        with self._lock:
+            stuck = (
+                self._replace_stuck
+                and self._busy_since is not None
+                and time.monotonic() - self._busy_since > self._wait_s
+            )
+            if self._thread is None or not self._thread.is_alive() or stuck:
+                if stuck:
+                    log.warning("batch handler stuck; a new one takes over", extra={"batcher": type(self).__name__})
+                self._busy_since = None
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        deferred: list[W] = []
+        while self._thread is threading.current_thread():
+            try:
+                batch, deferred = self._gather(deferred)
+                self._busy_since = time.monotonic()
+                self._answer(batch)
+            except Exception as exc:  # never leave callers waiting on a dead handler
+                log.error("batch handler failed", extra={"error_class": type(exc).__name__})
+            finally:
+                if self._thread is threading.current_thread():
+                    self._busy_since = None
+        for item in deferred:  # replaced while it held these: the new handler takes them
+            self._queue.put(item)
+
+    def _gather(self, deferred: list[W]) -> tuple[list[W], list[W]]:
+        """The next batch, and what waits for a later one: what waits already, then whatever arrives within
+        linger_s (a gap of gap_s ends it), up to max_batch."""
+        batch: list[W] = []
+        later: list[W] = []
+        keys: set[Hashable] = set()
+
+        def take(item: W) -> None:
+            key = self.key(item)
+            if (key is not None and key in keys) or len(batch) >= self._max_batch:
+                later.append(item)
+            else:
+                batch.append(item)
+                if key is not None:
+                    keys.add(key)
+
+        for item in deferred:
+            take(item)
+        if not batch:
+            take(self._queue.get())
+        until = time.monotonic() + self._linger_s
+        while len(batch) < self._max_batch:
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                take(self._queue.get(timeout=min(left, self._gap_s)))
+            except queue.Empty:
+                break
+        return batch, later
+
+    def _answer(self, batch: list[W]) -> None:
+        try:
+            self.handle(batch)
+        except StoreUnavailable as exc:
+            for item in batch:  # each caller raises its own copy (a traceback is per raise)
+                item.error = _copy(exc)
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0].error = exc
+            else:
+                log.warning(
+                    "batch refused; handling its items one by one",
+                    extra={"batcher": type(self).__name__, "items": len(batch), "error_class": error_class(exc)},
+                )
+                for item in batch:
+                    self._answer([item])
+        finally:
+            for item in batch:
+                if item.result is None and item.error is None:
+                    item.error = StoreUnavailable("the batch holding this item failed", cause=type(self).__name__)
+                item.done.set()
+
+
+def _copy(exc: StoreUnavailable) -> StoreUnavailable:
+    copy = StoreUnavailable(str(exc), cause=exc.cause)
+    copy.__cause__ = exc.__cause__ or exc
+    return copy
+
+
+def error_class(exc: BaseException) -> str:
+    return (exc.cause if isinstance(exc, StoreError) else None) or type(exc).__name__
