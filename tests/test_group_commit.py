@@ -239,3 +239,18 @@ def test_a_batch_of_one_writes_without_a_writer_thread(store: Neo4jGraphStore, n
     result = commit.save(record(user, "on its own"), [], [])
     assert result.created and commits == [1]
     assert "persist-group-commit" not in {t.name for t in threading.enumerate()} - before
+
+
+def test_a_failure_to_count_a_commit_does_not_fail_its_episodes(
+    store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("uncounted")
+
+    def count(n: int) -> None:
+        raise RuntimeError("stats unavailable")
+
+    commit = GroupCommit(store, max_batch=50, linger_s=0.5, wait_s=60, committed=count)
+    records = [record(user, f"talk {i} with Ada and Bo", session_id=f"s{i}") for i in range(5)]
+    outcomes = save_together(commit, records)
+    assert all(isinstance(o, SaveResult) and o.outcome == "created" for o in outcomes), outcomes
+    assert store.stats(user).episodes == 5

@@ -93,9 +93,11 @@ def test_neo4j_unavailable_fails_every_read_of_the_batch_as_unavailable(
     def away(requests: Sequence[StateRequest]) -> list[WriteState]:
         raise StoreUnavailable("neo4j away", cause="ServiceUnavailable")
 
-    group = GroupRead(away, max_batch=64, linger_s=0.5, wait_s=30)
+    sizes: list[int] = []
+    group = GroupRead(counted(away, sizes), max_batch=64, linger_s=0.5, wait_s=30)
     states = save_all([partial(group.write_state, user, progress_key(user, str(i)), str(i)) for i in range(4)])
     assert all(isinstance(s, StoreUnavailable) and s.cause == "ServiceUnavailable" for s in states)
+    assert sizes == [4]  # one query for the four, not read again one by one (a retry is its task's)
     assert len({id(s) for s in states}) == 4  # each caller raises its own copy
 
 
@@ -110,17 +112,39 @@ def test_a_stalled_read_fails_its_callers_after_the_wait_and_the_next_reads_are_
             release.wait(60)
         return store.write_states(requests)
 
-    group = GroupRead(stalling, max_batch=64, linger_s=0.01, wait_s=0.5)
+    group = GroupRead(stalling, max_batch=64, linger_s=0.01, wait_s=0.5, stuck_s=0.3)
     try:
         started = time.monotonic()
         with pytest.raises(StoreUnavailable, match="did not finish in time"):
             group.write_state(user, progress_key(user, "s"), "stuck")
         assert time.monotonic() - started < 5
-        time.sleep(0.6)  # the reader has now been busy on one read for longer than the wait
         # still stuck: a new reader answers the next reads (before, every read of the process failed)
         states = save_all([partial(group.write_state, user, progress_key(user, "s"), f"next{i}") for i in range(3)])
         assert all(isinstance(s, WriteState) and s.line is None for s in states)
         assert not release.is_set()
+    finally:
+        release.set()
+
+
+def test_reads_held_back_by_a_stuck_reader_are_answered_by_the_next_one(
+    store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("held")
+    release = threading.Event()
+
+    def stalling(requests: Sequence[StateRequest]) -> list[WriteState]:
+        if any(r.episode_id == "stuck" for r in requests):
+            release.wait(60)
+        return store.write_states(requests)
+
+    group = GroupRead(stalling, max_batch=2, linger_s=0.3, wait_s=4, stuck_s=0.3)
+    ask = partial(group.write_state, user, progress_key(user, "s"))
+    try:
+        # "stuck" first, so the reader's batch is it and "a" (at most two); "b" waits for the next reader
+        states = save_all([partial(ask, "stuck"), partial(ask, "a"), partial(ask, "b")], apart_s=0.05)
+        assert not release.is_set()
+        assert isinstance(states[0], StoreUnavailable) and isinstance(states[1], StoreUnavailable)
+        assert isinstance(states[2], WriteState)  # started by b's own caller, while the first is stuck
     finally:
         release.set()
 

@@ -37,20 +37,24 @@ class Batcher(Generic[W]):
     name = "batch"  # the handler thread's name; errors name the class
     late = "the batch holding this item did not finish in time"
 
-    def __init__(self, max_batch: int, linger_s: float, gap_s: float, wait_s: float, replace_stuck: bool) -> None:
+    def __init__(
+        self, max_batch: int, linger_s: float, gap_s: float, wait_s: float, stuck_s: float | None = None
+    ) -> None:
         """max_batch: most items in one batch (1: each alone, in its caller's thread); linger_s: how long the
         handler gathers once it holds one; gap_s: a gap this long with nothing new ends the gathering;
-        wait_s: how long a caller waits for its batch; replace_stuck: a handler busy on one batch for longer
-        than wait_s is left to finish alone, and a new one takes the batches after it."""
+        wait_s: how long a caller waits for its batch; stuck_s: a handler busy on one batch for longer is
+        left to finish it alone, and a new one, started by a caller still waiting, takes the items after it
+        (None: never; only for items without a key: what a replaced handler held back for a later batch
+        goes back to the queue only when its batch ends)."""
         self._max_batch = max_batch
         self._linger_s = linger_s
         self._gap_s = gap_s
         self._wait_s = wait_s
-        self._replace_stuck = replace_stuck
+        self._stuck_s = stuck_s
         self._queue: queue.SimpleQueue[W] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._busy_since: float | None = None
+        self._busy: tuple[threading.Thread, float] | None = None  # the handler on a batch, since when
 
     def handle(self, items: list[W]) -> None:
         """Answer each item (set its result or error); raising fails what it left unanswered."""
@@ -67,40 +71,59 @@ class Batcher(Generic[W]):
         else:
             self._start()
             self._queue.put(item)
-            if not item.done.wait(self._wait_s):
+            if not self._wait(item):
                 raise StoreUnavailable(self.late, cause=type(self).__name__)
         if item.error is not None:
             raise item.error
         return item.result
 
+    def _wait(self, item: W) -> bool:
+        """Whether the item was answered within wait_s; while it waits, a stuck handler is replaced."""
+        if self._stuck_s is None:
+            return item.done.wait(self._wait_s)
+        deadline = time.monotonic() + self._wait_s
+        while not item.done.wait(min(self._stuck_s, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                return False
+            self._start()
+        return True
+
     def _start(self) -> None:
         with self._lock:
+            busy = self._busy
             stuck = (
-                self._replace_stuck
-                and self._busy_since is not None
-                and time.monotonic() - self._busy_since > self._wait_s
+                self._stuck_s is not None
+                and busy is not None
+                and busy[0] is self._thread
+                and time.monotonic() - busy[1] > self._stuck_s
             )
             if self._thread is None or not self._thread.is_alive() or stuck:
                 if stuck:
                     log.warning("batch handler stuck; a new one takes over", extra={"batcher": type(self).__name__})
-                self._busy_since = None
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
 
+    def _current(self) -> bool:
+        return self._thread is threading.current_thread()
+
     def _run(self) -> None:
         deferred: list[W] = []
-        while self._thread is threading.current_thread():
-            try:
-                batch, deferred = self._gather(deferred)
-                self._busy_since = time.monotonic()
-                self._answer(batch)
-            except Exception as exc:  # never leave callers waiting on a dead handler
-                log.error("batch handler failed", extra={"error_class": type(exc).__name__})
-            finally:
-                if self._thread is threading.current_thread():
-                    self._busy_since = None
-        for item in deferred:  # replaced while it held these: the new handler takes them
-            self._queue.put(item)
+        try:
+            while self._current():
+                try:
+                    batch, deferred = self._gather(deferred)
+                    with self._lock:
+                        self._busy = (threading.current_thread(), time.monotonic())
+                    self._answer(batch)
+                except Exception as exc:  # never leave callers waiting on a dead handler
+                    log.error("batch handler failed", extra={"error_class": type(exc).__name__})
+                finally:
+                    with self._lock:
+                        if self._busy is not None and self._busy[0] is threading.current_thread():
+                            self._busy = None
+        finally:
+            for item in deferred:  # replaced (or dying) while it held these: the next handler takes them
+                self._queue.put(item)
 
     def _gather(self, deferred: list[W]) -> tuple[list[W], list[W]]:
         """The next batch, and what waits for a later one: what waits already, then whatever arrives within

@@ -18,6 +18,7 @@ A failure of a batch:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ from worker.graph.batcher import Batcher, Waiting
 from worker.graph.params import EpisodeWrite
 from worker.graph.protocol import GraphStore
 from worker.models import Entity, EpisodeRecord, Relationship, SaveResult, SessionProgress
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,7 +57,7 @@ class GroupCommit(Batcher[_Pending]):
         wait_s: how long a caller waits for its batch before it fails with StoreUnavailable (its task
         retries; a save that still commits later is found stored by the retry); committed(episodes) is told
         of each transaction committed."""
-        super().__init__(max_batch, linger_s, linger_s / 5, wait_s, replace_stuck=False)
+        super().__init__(max_batch, linger_s, linger_s / 5, wait_s)
         self._store = store
         self._committed = committed
 
@@ -79,4 +82,7 @@ class GroupCommit(Batcher[_Pending]):
         results = self._store.save_episodes([p.write for p in items], progress)
         for p, result in zip(items, results, strict=True):
             p.result = result
-        self._committed(len(items))
+        try:  # committed: a failure to count it must not write the batch again
+            self._committed(len(items))
+        except Exception as exc:
+            log.warning("commit not counted", extra={"error_class": type(exc).__name__})

@@ -244,7 +244,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
 
     def write_states(self, requests: Sequence[StateRequest]) -> list[WriteState]:
         """The write state of each request, in order, in one read (worker/graph/state_reads.py), with the
-        server-side timeout and the driver's retries of a write."""
+        server-side timeout and the driver's retries of a read."""
         with translated("write_state"), self._read_session() as session:
             return session.execute_read(unit_of_work(timeout=self._tx_timeout_s)(read_states), requests)
 

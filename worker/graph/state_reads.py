@@ -17,6 +17,7 @@ from typing import Any
 
 from neo4j import ManagedTransaction
 
+from worker.errors import StoreRequestError
 from worker.graph import cypher
 from worker.graph.batcher import Batcher, Waiting
 from worker.graph.forget import episode_tombstone, session_tombstone
@@ -46,7 +47,14 @@ def read_states(tx: ManagedTransaction, requests: Sequence[StateRequest]) -> lis
     ]
     states: dict[int, WriteState] = {}
     for row in tx.run(cypher.WRITE_STATES, rows=rows):
-        states[int(row["i"])] = _state(row)
+        i = int(row["i"])
+        if i in states:
+            raise StoreRequestError(f"the write state query gave request {i} two rows", cause="WriteStates")
+        states[i] = _state(row)
+    if len(states) != len(requests):
+        raise StoreRequestError(
+            f"the write state query answered {len(states)} of {len(requests)} requests", cause="WriteStates"
+        )
     return [states[i] for i in range(len(requests))]
 
 
@@ -79,12 +87,14 @@ class GroupRead(Batcher[_Asked]):
         max_batch: int,
         linger_s: float,
         wait_s: float,
+        stuck_s: float = 2.0,
     ) -> None:
         """read_many: the reads of a batch, in order (Neo4jGraphStore.write_states); max_batch: most reads in
         one query; linger_s: how long the reader gathers once it holds one (0: each read alone, in its
-        caller's thread); wait_s: how long a caller waits for its batch before StoreUnavailable (a reader
-        stuck on one query for longer is left to it: a new one reads what comes after)."""
-        super().__init__(max_batch if linger_s > 0 else 1, linger_s, linger_s, wait_s, replace_stuck=True)
+        caller's thread); wait_s: how long a caller waits for its batch before StoreUnavailable; stuck_s: a
+        reader busy on one query for longer is left to it, and a new one reads what the others ask (a read
+        changes nothing, so two readers are harmless; one slow query must not hold every extraction)."""
+        super().__init__(max_batch if linger_s > 0 else 1, linger_s, linger_s, wait_s, stuck_s)
         self._read_many = read_many
 
     def write_state(self, user_id: str, key: str, episode_id: str) -> WriteState:
