@@ -107,10 +107,13 @@ app = Celery("memory")
 def _configure(sender: Celery, **_: Any) -> None:
     import celery.app.trace
 
+    from worker.kombu_acks import batch_acks
     from worker.kombu_clients import reuse_redis_clients
 
-    sender.conf.update(celery_config(get_settings()))
+    settings = get_settings()
+    sender.conf.update(celery_config(settings))
     reuse_redis_clients()
+    batch_acks(settings.ack_batch_ms)
     # Celery logs a task's return value on success; ours can hold conversation text. Ids and timing only.
     celery.app.trace.LOG_SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
 
@@ -195,8 +198,19 @@ def _log_fields(logger: Any = None, **_: Any) -> None:
         add_fields_to(logger)
 
 
+def _task_lines(**_: Any) -> None:
+    """Celery logs a line for every task received and one for every task succeeded: 600 lines a second at
+    300 episodes a second, about 5% of a worker's CPU. Unless MEMORY_TASK_LOG_LINES asks for them, only
+    their warnings and errors are logged (a failure, a rejected message); a retry and a dead letter have
+    lines of their own (tasks/base.py), and Flower's task events carry every task."""
+    if not get_settings().task_log_lines:
+        for name in ("celery.worker.strategy", "celery.app.trace"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 app.on_configure.connect(_configure)
 after_setup_logger.connect(_log_fields)
+after_setup_logger.connect(_task_lines)
 worker_ready.connect(_announce)
 worker_ready.connect(_load_litellm)
 worker_ready.connect(_prepare_schema)

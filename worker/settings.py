@@ -165,6 +165,18 @@ class Settings(BaseSettings):
         description="How long a worker gathers task events (for Flower) before it sends them in one message "
         "(0: on the event loop's next turn, as Celery does).",
     )
+    ack_batch_ms: int = Field(
+        5,
+        ge=0,
+        le=1_000,
+        description="How long a worker gathers message acknowledgements before it removes them from Redis's "
+        "unacked hash in one round trip (0: one round trip each, as kombu does).",
+    )
+    task_log_lines: bool = Field(
+        False,
+        description="Celery's INFO line for every task received and succeeded (two per episode); off, Flower's "
+        "task events carry the same, and failures, retries and dead letters are logged as before.",
+    )
     persist_batch_wait_ms: int = Field(
         50,
         ge=0,

@@ -15,6 +15,7 @@ from typing import Any
 from celery import Celery, Task, states
 
 from worker.celery_app import celery_config
+from worker.kombu_acks import batch_acks
 from worker.kombu_clients import reuse_redis_clients
 from worker.settings import get_settings
 
@@ -37,6 +38,7 @@ def _configure(sender: Celery, **_: Any) -> None:
     )
     sender.conf.update(config)
     reuse_redis_clients()
+    batch_acks(get_settings().ack_batch_ms)  # acknowledged as the real worker does
 
 
 app.on_configure.connect(_configure)

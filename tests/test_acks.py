@@ -1,0 +1,156 @@
+"""Acknowledgements reach Redis in batches (worker/kombu_acks.py), every one of them, and those still waiting
+go out when the channel closes; Celery's line per task received and succeeded is logged only when asked for."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from kombu.connection import Connection as KombuConnection
+from kombu.messaging import Producer as KombuProducer
+
+from api_stub.client import MemoryClient
+from tests.services import RedisClient
+from tests.workers import WorkerProcess
+from worker.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
+from worker.kombu_acks import batch_acks, batch_of
+from worker.settings import Settings
+
+QUEUE = "test.acks"
+Connection: Any = KombuConnection  # kombu has no type hints
+Producer: Any = KombuProducer
+
+
+def _delivered(connection: Any, n: int) -> list[Any]:
+    """n messages published to QUEUE and taken from it unacknowledged (kombu keeps them in `unacked`)."""
+    channel = connection.default_channel
+    producer = Producer(channel)
+    for i in range(n):
+        producer.publish({"n": i}, exchange="", routing_key=QUEUE)
+    messages = [channel.basic_get(QUEUE, no_ack=False) for _ in range(n)]
+    assert all(m is not None for m in messages)
+    return messages
+
+
+@contextmanager
+def _monitored(redis_client: RedisClient) -> Iterator[list[str]]:
+    """Every command Redis runs meanwhile (MONITOR), as text."""
+    seen: list[str] = []
+    token = f"monitor-end-{uuid.uuid4().hex}"
+    started = threading.Event()
+
+    def listen() -> None:
+        with redis_client.monitor() as monitor:
+            started.set()
+            for command in monitor.listen():
+                seen.append(str(command["command"]))
+                if token in seen[-1]:
+                    return
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    time.sleep(0.2)  # MONITOR is on once its reply came back; the listener's first read follows
+    try:
+        yield seen
+    finally:
+        redis_client.echo(token)
+        thread.join(10)
+
+
+def _until(check: Callable[[], bool], timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return check()
+
+
+def test_acknowledgements_reach_redis_together_and_all_of_them(settings: Settings, clean_redis: RedisClient) -> None:
+    batch_acks(settings.ack_batch_ms)  # as the worker's app does when configured
+    with Connection(settings.redis_url) as connection:
+        messages = _delivered(connection, 200)
+        tags = {str(m.delivery_tag) for m in messages}
+        assert {t.decode() for t in clean_redis.hkeys(KOMBU_UNACKED)} == tags
+        with _monitored(clean_redis) as seen:
+            for message in messages:
+                message.ack()
+            assert _until(lambda: clean_redis.hlen(KOMBU_UNACKED) == 0), "acknowledgements never reached Redis"
+        removals = [c for c in seen if c.startswith("HDEL") and KOMBU_UNACKED in c]
+        removed = [tag for c in removals for tag in tags if tag in c]
+        assert sorted(removed) == sorted(tags)  # each once
+        assert len(removals) <= 10, f"{len(removals)} round trips for 200 acknowledgements"
+        assert clean_redis.llen(QUEUE) == 0
+
+
+def test_acknowledgements_still_waiting_go_out_when_the_channel_closes(
+    settings: Settings, clean_redis: RedisClient
+) -> None:
+    batch_acks(settings.ack_batch_ms)
+    connection = Connection(settings.redis_url)
+    channel = connection.default_channel
+    batch_of(channel.qos, 3600.0)  # this channel's acknowledgements wait far longer than the test
+    messages = _delivered(connection, 20)
+    for message in messages:
+        message.ack()
+    time.sleep(0.1)
+    assert clean_redis.hlen(KOMBU_UNACKED) == 20  # acknowledged; their removal from Redis waits
+    connection.release()  # closes the channel, as a warm shutdown or a lost connection does
+    assert clean_redis.hlen(KOMBU_UNACKED) == 0
+    assert clean_redis.llen(QUEUE) == 0  # removed, not restored to the queue as unacknowledged ones are
+
+
+def test_a_failed_round_trip_is_tried_again(
+    settings: Settings, clean_redis: RedisClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    batch_acks(settings.ack_batch_ms)
+    connection = Connection(settings.redis_url)
+    channel = connection.default_channel
+    batch_of(channel.qos, 0.2)
+    messages = _delivered(connection, 5)
+    held = clean_redis.zrange(KOMBU_UNACKED_INDEX, 0, -1, withscores=True)
+    index: Mapping[str | bytes, bytes | float | int | str] = {tag.decode(): at for tag, at in held}
+    assert len(index) == 5
+    clean_redis.delete(KOMBU_UNACKED_INDEX)
+    clean_redis.set(KOMBU_UNACKED_INDEX, "not a sorted set")  # the next removal is refused (WRONGTYPE)
+    with caplog.at_level("WARNING", logger="memory.acks"):
+        for message in messages:
+            message.ack()
+        assert _until(lambda: "acknowledgements not sent" in caplog.text), "the refused removal was not noticed"
+        clean_redis.delete(KOMBU_UNACKED_INDEX)
+        clean_redis.zadd(KOMBU_UNACKED_INDEX, index)
+        assert _until(lambda: clean_redis.zcard(KOMBU_UNACKED_INDEX) == 0), "the removal was not tried again"
+    assert clean_redis.hlen(KOMBU_UNACKED) == 0
+    connection.release()
+
+
+def _said(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"I planted {i} tulips along the fence this spring."}]
+
+
+def test_no_log_line_per_task_unless_asked_and_acknowledged_while_running(
+    clean_redis: RedisClient,
+    workers: Callable[..., WorkerProcess],
+    client: MemoryClient,
+    new_user: Callable[[str], str],
+) -> None:
+    user = new_user("tasklines")
+    quiet = workers()
+    receipt = client.add_episode(user, "quiet", _said(1))
+    assert client.wait([receipt], 60)[0].state == "persisted"
+    assert _until(lambda: clean_redis.hlen(KOMBU_UNACKED) == 0), "the worker's acknowledgement never reached Redis"
+    quiet.stop()
+    text = quiet.log_path.read_text(errors="replace")
+    assert " ready." in text
+    assert "] received" not in text and "] succeeded in" not in text
+
+    loud = workers(MEMORY_TASK_LOG_LINES="true")
+    receipt = client.add_episode(user, "loud", _said(2))
+    assert client.wait([receipt], 60)[0].state == "persisted"
+    loud.stop()
+    text = loud.log_path.read_text(errors="replace")
+    assert "memory.extract_episode[" in text and "] received" in text and "] succeeded in" in text

@@ -1,0 +1,126 @@
+"""kombu's Redis acknowledgements, sent to Redis in batches.
+
+kombu's Redis transport emulates acknowledgements: a message taken from its queue is kept in the `unacked`
+hash (and its index) until acknowledged, and each acknowledgement is a round trip of its own (MULTI, ZREM,
+HDEL, EXEC). Here an acknowledgement is made at once in the channel's own bookkeeping (its prefetch slot is
+free again, as before) and its removal from Redis waits up to `MEMORY_ACK_BATCH_MS` for the others of that
+interval: one round trip for all of them.
+
+Nothing can be lost by the wait, and nothing done twice: a message is acknowledged after its work committed;
+one whose removal had not reached Redis when its worker died stays in `unacked`, comes back (the liveness
+sweep, or the visibility timeout) and finds its episode stored, a no-op. What waits is sent before the
+channel closes (a warm shutdown, a lost connection); a round trip that fails is tried again. At 0, kombu's
+own acknowledgement.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger("memory.acks")
+
+_ATTR = "_memory_acks"
+RETRY_S = 1.0  # after a failed round trip (Redis away), the next try
+_create_lock = threading.Lock()
+
+
+class AckBatch:
+    """The acknowledgements of one channel (its QoS) waiting to be removed from Redis."""
+
+    def __init__(self, qos: Any, wait_s: float) -> None:
+        self._qos = qos
+        self._wait_s = wait_s
+        self._lock = threading.Lock()
+        self._tags: list[str] = []
+        self._due = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def add(self, tag: str) -> bool:
+        """Queue one tag; False once closed (the caller removes it itself)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._tags.append(tag)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="memory-acks", daemon=True)
+                self._thread.start()
+        self._due.set()
+        return True
+
+    def flush(self) -> bool:
+        """Remove what waits in one round trip; on failure it waits for the next."""
+        with self._lock:
+            tags, self._tags = self._tags, []
+        if not tags:
+            return True
+        qos = self._qos
+        try:
+            with qos.channel.conn_or_acquire() as client:
+                pipe = client.pipeline()
+                pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags).execute()
+        except Exception as exc:
+            with self._lock:
+                self._tags[:0] = tags
+            log.warning("acknowledgements not sent", extra={"error_class": type(exc).__name__, "count": len(tags)})
+            return False
+        return True
+
+    def close(self) -> None:
+        """Send what waits, once; what a failure leaves comes back later as a delivery of work already done."""
+        with self._lock:
+            self._closed = True
+        self._due.set()
+        self.flush()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._due.wait()
+            time.sleep(self._wait_s)  # the acknowledgements of this interval go together
+            self._due.clear()
+            if not self.flush():
+                time.sleep(RETRY_S)
+                self._due.set()
+
+
+def batch_of(qos: Any, wait_s: float) -> AckBatch:
+    """The channel's batch, made on its first acknowledgement (wait_s applies to a new one only)."""
+    batch: AckBatch | None = qos.__dict__.get(_ATTR)
+    if batch is None:
+        with _create_lock:
+            batch = qos.__dict__.setdefault(_ATTR, AckBatch(qos, wait_s))
+    assert batch is not None
+    return batch
+
+
+def batch_acks(wait_ms: int) -> None:
+    """Idempotent; called when the Celery app is configured, before its first connection. 0: kombu's own."""
+    from kombu.transport import redis as transport
+    from kombu.transport import virtual
+
+    if wait_ms <= 0 or getattr(transport.QoS.ack, "_memory_batches", False):
+        return
+    own_ack: Any = transport.QoS.ack
+    local_ack: Any = virtual.QoS.ack  # the channel's own bookkeeping, without Redis
+    own_restore: Any = transport.QoS.restore_unacked_once
+    wait_s = wait_ms / 1000
+
+    def ack(self: Any, delivery_tag: str) -> None:
+        if not batch_of(self, wait_s).add(delivery_tag):
+            own_ack(self, delivery_tag)
+            return
+        local_ack(self, delivery_tag)
+
+    def restore_unacked_once(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """The channel closes: the acknowledgements that wait go first (kombu restores the rest)."""
+        batch = self.__dict__.get(_ATTR)
+        if batch is not None:
+            batch.close()
+        return own_restore(self, *args, **kwargs)
+
+    ack._memory_batches = True  # type: ignore[attr-defined]
+    transport.QoS.ack = ack  # type: ignore[method-assign]
+    transport.QoS.restore_unacked_once = restore_unacked_once  # type: ignore[method-assign]
