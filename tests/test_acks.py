@@ -15,6 +15,7 @@ from kombu.connection import Connection as KombuConnection
 from kombu.messaging import Producer as KombuProducer
 
 from api_stub.client import MemoryClient
+from tests.ingest_helpers import wait_until
 from tests.services import RedisClient
 from tests.workers import WorkerProcess
 from worker.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
@@ -63,13 +64,6 @@ def _monitored(redis_client: RedisClient) -> Iterator[list[str]]:
         thread.join(10)
 
 
-def _until(check: Callable[[], bool], timeout_s: float = 10) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return check()
-
-
 def test_acknowledgements_reach_redis_together_and_all_of_them(settings: Settings, clean_redis: RedisClient) -> None:
     batch_acks(settings.ack_batch_ms)  # as the worker's app does when configured
     with Connection(settings.redis_url) as connection:
@@ -79,7 +73,7 @@ def test_acknowledgements_reach_redis_together_and_all_of_them(settings: Setting
         with _monitored(clean_redis) as seen:
             for message in messages:
                 message.ack()
-            assert _until(lambda: clean_redis.hlen(KOMBU_UNACKED) == 0), "acknowledgements never reached Redis"
+            wait_until(lambda: clean_redis.hlen(KOMBU_UNACKED) == 0, 10, "the acknowledgements removed from Redis")
         removals = [c for c in seen if c.startswith("HDEL") and KOMBU_UNACKED in c]
         removed = [tag for c in removals for tag in tags if tag in c]
         assert sorted(removed) == sorted(tags)  # each once
@@ -104,6 +98,23 @@ def test_acknowledgements_still_waiting_go_out_when_the_channel_closes(
     assert clean_redis.llen(QUEUE) == 0  # removed, not restored to the queue as unacknowledged ones are
 
 
+def test_a_close_during_a_round_trip_waits_for_it_and_sends_what_it_could_not(
+    settings: Settings, clean_redis: RedisClient
+) -> None:
+    batch_acks(settings.ack_batch_ms)
+    connection = Connection(settings.redis_url)
+    channel = connection.default_channel
+    batch_of(channel.qos, 0.2)
+    messages = _delivered(connection, 5)
+    for message in messages:
+        message.ack()
+    clean_redis.execute_command("CLIENT", "PAUSE", 1500, "WRITE")  # the batch's round trip hangs meanwhile
+    time.sleep(0.5)
+    connection.release()  # closes the channel (and its connections) while the removal is under way
+    assert clean_redis.hlen(KOMBU_UNACKED) == 0
+    assert clean_redis.zcard(KOMBU_UNACKED_INDEX) == 0
+
+
 def test_a_failed_round_trip_is_tried_again(
     settings: Settings, clean_redis: RedisClient, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -120,10 +131,10 @@ def test_a_failed_round_trip_is_tried_again(
     with caplog.at_level("WARNING", logger="memory.acks"):
         for message in messages:
             message.ack()
-        assert _until(lambda: "acknowledgements not sent" in caplog.text), "the refused removal was not noticed"
+        wait_until(lambda: "acknowledgements not sent" in caplog.text, 10, "the warning of a refused removal")
         clean_redis.delete(KOMBU_UNACKED_INDEX)
         clean_redis.zadd(KOMBU_UNACKED_INDEX, index)
-        assert _until(lambda: clean_redis.zcard(KOMBU_UNACKED_INDEX) == 0), "the removal was not tried again"
+        wait_until(lambda: clean_redis.zcard(KOMBU_UNACKED_INDEX) == 0, 10, "the removal tried again")
     assert clean_redis.hlen(KOMBU_UNACKED) == 0
     connection.release()
 
@@ -142,7 +153,7 @@ def test_no_log_line_per_task_unless_asked_and_acknowledged_while_running(
     quiet = workers()
     receipt = client.add_episode(user, "quiet", _said(1))
     assert client.wait([receipt], 60)[0].state == "persisted"
-    assert _until(lambda: clean_redis.hlen(KOMBU_UNACKED) == 0), "the worker's acknowledgement never reached Redis"
+    wait_until(lambda: clean_redis.hlen(KOMBU_UNACKED) == 0, 10, "the worker's acknowledgement removed from Redis")
     quiet.stop()
     text = quiet.log_path.read_text(errors="replace")
     assert " ready." in text

@@ -8,16 +8,17 @@ interval: one round trip for all of them.
 
 Nothing can be lost by the wait, and nothing done twice: a message is acknowledged after its work committed;
 one whose removal had not reached Redis when its worker died stays in `unacked`, comes back (the liveness
-sweep, or the visibility timeout) and finds its episode stored, a no-op. What waits is sent before the
-channel closes (a warm shutdown, a lost connection); a round trip that fails is tried again. At 0, kombu's
-own acknowledgement.
+sweep, or the visibility timeout) and finds its episode stored, a no-op. (The same holds for a removal that
+lands after such a message was handed out again: a delivery tag stays with its message, so the late removal
+takes the second delivery's entry, whose work the first one committed.) What waits is sent before the
+channel closes (a warm shutdown, a lost connection), after any round trip under way; a round trip that fails
+is tried again. At 0, kombu's own acknowledgement.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 log = logging.getLogger("memory.acks")
@@ -33,16 +34,17 @@ class AckBatch:
     def __init__(self, qos: Any, wait_s: float) -> None:
         self._qos = qos
         self._wait_s = wait_s
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the waiting tags
+        self._sending = threading.Lock()  # one round trip at a time: close() waits for the one under way
         self._tags: list[str] = []
         self._due = threading.Event()
-        self._closed = False
+        self._closing = threading.Event()
         self._thread: threading.Thread | None = None
 
     def add(self, tag: str) -> bool:
         """Queue one tag; False once closed (the caller removes it itself)."""
         with self._lock:
-            if self._closed:
+            if self._closing.is_set():
                 return False
             self._tags.append(tag)
             if self._thread is None:
@@ -53,36 +55,38 @@ class AckBatch:
 
     def flush(self) -> bool:
         """Remove what waits in one round trip; on failure it waits for the next."""
-        with self._lock:
-            tags, self._tags = self._tags, []
-        if not tags:
-            return True
-        qos = self._qos
-        try:
-            with qos.channel.conn_or_acquire() as client:
-                pipe = client.pipeline()
-                pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags).execute()
-        except Exception as exc:
+        with self._sending:
             with self._lock:
-                self._tags[:0] = tags
-            log.warning("acknowledgements not sent", extra={"error_class": type(exc).__name__, "count": len(tags)})
-            return False
-        return True
+                tags, self._tags = self._tags, []
+            if not tags:
+                return True
+            qos = self._qos
+            try:
+                with qos.channel.conn_or_acquire() as client:
+                    pipe = client.pipeline()
+                    pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags).execute()
+            except Exception as exc:
+                with self._lock:
+                    self._tags[:0] = tags
+                log.warning("acknowledgements not sent", extra={"error_class": type(exc).__name__, "count": len(tags)})
+                return False
+            return True
 
     def close(self) -> None:
-        """Send what waits, once; what a failure leaves comes back later as a delivery of work already done."""
+        """Send what waits, once the round trip under way (if any) is over; what a failure leaves comes back
+        later as a delivery of work already done."""
         with self._lock:
-            self._closed = True
+            self._closing.set()
         self._due.set()
         self.flush()
 
     def _run(self) -> None:
-        while not self._closed:
+        while not self._closing.is_set():
             self._due.wait()
-            time.sleep(self._wait_s)  # the acknowledgements of this interval go together
+            self._closing.wait(self._wait_s)  # the acknowledgements of this interval go together
             self._due.clear()
             if not self.flush():
-                time.sleep(RETRY_S)
+                self._closing.wait(RETRY_S)
                 self._due.set()
 
 

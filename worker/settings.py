@@ -174,8 +174,9 @@ class Settings(BaseSettings):
     )
     task_log_lines: bool = Field(
         False,
-        description="Celery's INFO line for every task received and succeeded (two per episode); off, Flower's "
-        "task events carry the same, and failures, retries and dead letters are logged as before.",
+        description="Celery's INFO line for every task received and succeeded (two per episode); off (at any "
+        "--loglevel), Flower's task events carry the same, and failures, retries and dead letters are logged as "
+        "before.",
     )
     persist_batch_wait_ms: int = Field(
         50,
