@@ -38,6 +38,15 @@ def _delivered(connection: Any, n: int) -> list[Any]:
     return messages
 
 
+def _batching(settings: Settings, wait_s: float) -> Any:
+    """A connection whose channel gathers its acknowledgements for wait_s (the patch applied as the worker's
+    app applies it)."""
+    batch_acks(settings.ack_batch_ms)
+    connection = Connection(settings.redis_url)
+    batch_of(connection.default_channel.qos, wait_s)
+    return connection
+
+
 @contextmanager
 def _monitored(redis_client: RedisClient) -> Iterator[list[str]]:
     """Every command Redis runs meanwhile (MONITOR), as text."""
@@ -84,10 +93,7 @@ def test_acknowledgements_reach_redis_together_and_all_of_them(settings: Setting
 def test_acknowledgements_still_waiting_go_out_when_the_channel_closes(
     settings: Settings, clean_redis: RedisClient
 ) -> None:
-    batch_acks(settings.ack_batch_ms)
-    connection = Connection(settings.redis_url)
-    channel = connection.default_channel
-    batch_of(channel.qos, 3600.0)  # this channel's acknowledgements wait far longer than the test
+    connection = _batching(settings, 3600.0)  # this channel's acknowledgements wait far longer than the test
     messages = _delivered(connection, 20)
     for message in messages:
         message.ack()
@@ -101,10 +107,7 @@ def test_acknowledgements_still_waiting_go_out_when_the_channel_closes(
 def test_a_close_during_a_round_trip_waits_for_it_and_sends_what_it_could_not(
     settings: Settings, clean_redis: RedisClient
 ) -> None:
-    batch_acks(settings.ack_batch_ms)
-    connection = Connection(settings.redis_url)
-    channel = connection.default_channel
-    batch_of(channel.qos, 0.2)
+    connection = _batching(settings, 0.2)
     messages = _delivered(connection, 5)
     for message in messages:
         message.ack()
@@ -118,10 +121,7 @@ def test_a_close_during_a_round_trip_waits_for_it_and_sends_what_it_could_not(
 def test_a_failed_round_trip_is_tried_again(
     settings: Settings, clean_redis: RedisClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    batch_acks(settings.ack_batch_ms)
-    connection = Connection(settings.redis_url)
-    channel = connection.default_channel
-    batch_of(channel.qos, 0.2)
+    connection = _batching(settings, 0.2)
     messages = _delivered(connection, 5)
     held = clean_redis.zrange(KOMBU_UNACKED_INDEX, 0, -1, withscores=True)
     index: Mapping[str | bytes, bytes | float | int | str] = {tag.decode(): at for tag, at in held}
