@@ -29,6 +29,22 @@ def test_schema_creation_twice_is_harmless(store: Neo4jGraphStore) -> None:
     assert {"episode_id", "entity_uid", "episode_terms", "chunk_terms", "entity_text", "episode_user"} <= before
 
 
+def test_schema_creation_survives_the_doubled_mark_of_processes_started_together(store: Neo4jGraphStore) -> None:
+    """A worker's processes all ensure the schema as they start; on a new database two of them may each
+    create the mark of the predicate upgrade (CI found it: every later start then failed)."""
+    store.ensure_schema()
+    with store._session() as s:
+        s.run("CREATE (:SchemaMark {name: 'relationship_predicates'})").consume()
+    try:
+        store.ensure_schema()
+    finally:
+        with store._session() as s:
+            s.run(
+                "MATCH (m:SchemaMark {name: 'relationship_predicates'}) WITH collect(m) AS marks "
+                "UNWIND marks[1..] AS extra DELETE extra"
+            ).consume()
+
+
 def test_save_then_read_back(store: Neo4jGraphStore, new_user: NewUser) -> None:
     user = new_user("alice")
     rec = record(user, "Alice moved to Lisbon to work at Acme", summary="Alice moved to Lisbon")

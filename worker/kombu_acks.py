@@ -25,6 +25,7 @@ log = logging.getLogger("memory.acks")
 
 _ATTR = "_memory_acks"
 RETRY_S = 1.0  # after a failed round trip (Redis away), the next try
+CLOSE_WAIT_S = 10.0  # a closing channel waits this long for a round trip under way (a connect can hang)
 _create_lock = threading.Lock()
 
 
@@ -53,9 +54,13 @@ class AckBatch:
         self._due.set()
         return True
 
-    def flush(self) -> bool:
-        """Remove what waits in one round trip; on failure it waits for the next."""
-        with self._sending:
+    def flush(self, wait_s: float | None = None) -> bool:
+        """Remove what waits in one round trip; on failure it waits for the next. wait_s: how long to wait for
+        a round trip under way (None: as long as it takes)."""
+        if not self._sending.acquire(timeout=-1 if wait_s is None else wait_s):
+            log.warning("acknowledgements not sent: a round trip still under way", extra={"count": len(self._tags)})
+            return False
+        try:
             with self._lock:
                 tags, self._tags = self._tags, []
             if not tags:
@@ -71,19 +76,22 @@ class AckBatch:
                 log.warning("acknowledgements not sent", extra={"error_class": type(exc).__name__, "count": len(tags)})
                 return False
             return True
+        finally:
+            self._sending.release()
 
     def close(self) -> None:
-        """Send what waits, once the round trip under way (if any) is over; what a failure leaves comes back
-        later as a delivery of work already done."""
+        """Send what waits, once the round trip under way (if any) is over (at most CLOSE_WAIT_S); what a
+        failure leaves comes back later as a delivery of work already done."""
         with self._lock:
             self._closing.set()
         self._due.set()
-        self.flush()
+        self.flush(CLOSE_WAIT_S)
 
     def _run(self) -> None:
         while not self._closing.is_set():
             self._due.wait()
-            self._closing.wait(self._wait_s)  # the acknowledgements of this interval go together
+            if self._closing.wait(self._wait_s):  # the acknowledgements of this interval go together
+                return  # close() sends what waits
             self._due.clear()
             if not self.flush():
                 self._closing.wait(RETRY_S)

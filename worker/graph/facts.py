@@ -145,7 +145,9 @@ SET r += row.state
 """
 
 # Relationships stored before predicates: the default predicate, once (a mark records that it ran).
-PREDICATES_DONE = "OPTIONAL MATCH (m:SchemaMark {name: 'relationship_predicates'}) RETURN m IS NOT NULL AS done"
+# One row however many marks: processes starting together on a new database may each MERGE one (no constraint
+# orders them), and a doubled mark must not fail every later start.
+PREDICATES_DONE = "MATCH (m:SchemaMark {name: 'relationship_predicates'}) RETURN count(m) > 0 AS done"
 SET_PREDICATES = f"""
 MATCH ()-[r:RELATED_TO]->() WHERE r.predicate IS NULL
 CALL (r) {{ SET r.predicate = '{DEFAULT_PREDICATE}' }} IN TRANSACTIONS OF 10000 ROWS
