@@ -38,13 +38,22 @@ def _delivered(connection: Any, n: int) -> list[Any]:
     return messages
 
 
-def _batching(settings: Settings, wait_s: float) -> Any:
-    """A connection whose channel gathers its acknowledgements for wait_s (the patch applied as the worker's
-    app applies it)."""
-    batch_acks(settings.ack_batch_ms)
-    connection = Connection(settings.redis_url)
-    batch_of(connection.default_channel.qos, wait_s)
-    return connection
+@pytest.fixture
+def batching(settings: Settings) -> Iterator[Callable[[float], Any]]:
+    """Connections whose channel gathers its acknowledgements for wait_s (the patch applied as the worker's
+    app applies it); each released when the test ends, whatever became of it."""
+    opened: list[Any] = []
+
+    def connect(wait_s: float) -> Any:
+        batch_acks(settings.ack_batch_ms)
+        connection = Connection(settings.redis_url)
+        opened.append(connection)
+        batch_of(connection.default_channel.qos, wait_s)
+        return connection
+
+    yield connect
+    for connection in opened:
+        connection.release()
 
 
 @contextmanager
@@ -91,9 +100,9 @@ def test_acknowledgements_reach_redis_together_and_all_of_them(settings: Setting
 
 
 def test_acknowledgements_still_waiting_go_out_when_the_channel_closes(
-    settings: Settings, clean_redis: RedisClient
+    batching: Callable[[float], Any], clean_redis: RedisClient
 ) -> None:
-    connection = _batching(settings, 3600.0)  # this channel's acknowledgements wait far longer than the test
+    connection = batching(3600.0)  # this channel's acknowledgements wait far longer than the test
     messages = _delivered(connection, 20)
     for message in messages:
         message.ack()
@@ -105,9 +114,9 @@ def test_acknowledgements_still_waiting_go_out_when_the_channel_closes(
 
 
 def test_a_close_during_a_round_trip_sends_what_that_round_trip_could_not(
-    settings: Settings, clean_redis: RedisClient, caplog: pytest.LogCaptureFixture
+    batching: Callable[[float], Any], clean_redis: RedisClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    connection = _batching(settings, 0.2)
+    connection = batching(0.2)
     messages = _delivered(connection, 5)
     clean_redis.execute_command("CLIENT", "PAUSE", 1500, "WRITE")  # the batch's round trip will hang
     try:
@@ -124,9 +133,9 @@ def test_a_close_during_a_round_trip_sends_what_that_round_trip_could_not(
 
 
 def test_a_failed_round_trip_is_tried_again(
-    settings: Settings, clean_redis: RedisClient, caplog: pytest.LogCaptureFixture
+    batching: Callable[[float], Any], clean_redis: RedisClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    connection = _batching(settings, 0.2)
+    connection = batching(0.2)
     messages = _delivered(connection, 5)
     held = clean_redis.zrange(KOMBU_UNACKED_INDEX, 0, -1, withscores=True)
     index: Mapping[str | bytes, bytes | float | int | str] = {tag.decode(): at for tag, at in held}

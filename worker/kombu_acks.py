@@ -26,7 +26,6 @@ log = logging.getLogger("memory.acks")
 _ATTR = "_memory_acks"
 RETRY_S = 1.0  # after a failed round trip (Redis away), the next try
 CLOSE_WAIT_S = 10.0  # a closing channel waits this long for a round trip under way (a connect can hang)
-_create_lock = threading.Lock()
 
 
 class AckBatch:
@@ -58,26 +57,30 @@ class AckBatch:
         """Remove what waits in one round trip; on failure it waits for the next. wait_s: how long to wait for
         a round trip under way (None: as long as it takes)."""
         if not self._sending.acquire(timeout=-1 if wait_s is None else wait_s):
-            log.warning("acknowledgements not sent: a round trip still under way", extra={"count": len(self._tags)})
+            with self._lock:
+                count = len(self._tags)
+            log.warning("acknowledgements not sent: a round trip still under way", extra={"count": count})
             return False
         try:
-            with self._lock:
-                tags, self._tags = self._tags, []
-            if not tags:
-                return True
-            qos = self._qos
-            try:
-                with qos.channel.conn_or_acquire() as client:
-                    pipe = client.pipeline()
-                    pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags).execute()
-            except Exception as exc:
-                with self._lock:
-                    self._tags[:0] = tags
-                log.warning("acknowledgements not sent", extra={"error_class": type(exc).__name__, "count": len(tags)})
-                return False
-            return True
+            return self._send()
         finally:
             self._sending.release()
+
+    def _send(self) -> bool:
+        with self._lock:
+            tags, self._tags = self._tags, []
+        if not tags:
+            return True
+        qos = self._qos
+        try:
+            with qos.pipe_or_acquire() as pipe:  # kombu's own MULTI, as its QoS.append and ack use
+                pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags).execute()
+        except Exception as exc:
+            with self._lock:
+                self._tags[:0] = tags
+            log.warning("acknowledgements not sent", extra={"error_class": type(exc).__name__, "count": len(tags)})
+            return False
+        return True
 
     def close(self) -> None:
         """Send what waits, once the round trip under way (if any) is over (at most CLOSE_WAIT_S); what a
@@ -99,17 +102,16 @@ class AckBatch:
 
 
 def batch_of(qos: Any, wait_s: float) -> AckBatch:
-    """The channel's batch, made on its first acknowledgement (wait_s applies to a new one only)."""
-    batch: AckBatch | None = qos.__dict__.get(_ATTR)
-    if batch is None:
-        with _create_lock:
-            batch = qos.__dict__.setdefault(_ATTR, AckBatch(qos, wait_s))
-    assert batch is not None
+    """The channel's batch, made on its first acknowledgement (wait_s applies to a new one only). setdefault
+    is atomic: of two threads racing, one batch wins (a batch starts its thread only on its first tag)."""
+    batch: AckBatch = qos.__dict__.get(_ATTR) or qos.__dict__.setdefault(_ATTR, AckBatch(qos, wait_s))
     return batch
 
 
 def batch_acks(wait_ms: int) -> None:
-    """Idempotent; called when the Celery app is configured, before its first connection. 0: kombu's own."""
+    """Idempotent; called when the Celery app is configured, before its first connection. 0: kombu's own.
+    The first call's wait holds for the process (a later call changes nothing; tests set a channel's own with
+    batch_of)."""
     from kombu.transport import redis as transport
     from kombu.transport import virtual
 
