@@ -3,11 +3,8 @@ go out when the channel closes; Celery's line per task received and succeeded is
 
 from __future__ import annotations
 
-import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -16,6 +13,7 @@ from kombu.messaging import Producer as KombuProducer
 
 from api_stub.client import MemoryClient
 from tests.ingest_helpers import wait_until
+from tests.redis_monitor import monitored
 from tests.services import RedisClient
 from tests.workers import WorkerProcess
 from worker.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
@@ -56,39 +54,13 @@ def batching(settings: Settings) -> Iterator[Callable[[float], Any]]:
         connection.release()
 
 
-@contextmanager
-def _monitored(redis_client: RedisClient) -> Iterator[list[str]]:
-    """Every command Redis runs meanwhile (MONITOR), as text."""
-    seen: list[str] = []
-    token = f"monitor-end-{uuid.uuid4().hex}"
-    started = threading.Event()
-
-    def listen() -> None:
-        with redis_client.monitor() as monitor:
-            started.set()
-            for command in monitor.listen():
-                seen.append(str(command["command"]))
-                if token in seen[-1]:
-                    return
-
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
-    assert started.wait(10)
-    time.sleep(0.2)  # MONITOR is on once its reply came back; the listener's first read follows
-    try:
-        yield seen
-    finally:
-        redis_client.echo(token)
-        thread.join(10)
-
-
 def test_acknowledgements_reach_redis_together_and_all_of_them(settings: Settings, clean_redis: RedisClient) -> None:
     batch_acks(settings.ack_batch_ms)  # as the worker's app does when configured
     with Connection(settings.redis_url) as connection:
         messages = _delivered(connection, 200)
         tags = {str(m.delivery_tag) for m in messages}
         assert {t.decode() for t in clean_redis.hkeys(KOMBU_UNACKED)} == tags
-        with _monitored(clean_redis) as seen:
+        with monitored(clean_redis) as seen:
             for message in messages:
                 message.ack()
             wait_until(lambda: clean_redis.hlen(KOMBU_UNACKED) == 0, 10, "the acknowledgements removed from Redis")

@@ -104,16 +104,24 @@ def persist_signature(app: Celery, episode_id: str, payload: dict[str, Any] | No
 app = Celery("memory")
 
 
+def tune_kombu(settings: Settings) -> None:
+    """kombu's Redis transport as the worker runs it (each idempotent): one client pool per process,
+    acknowledgements sent in batches, messages taken in batches."""
+    from worker.kombu_acks import batch_acks
+    from worker.kombu_clients import reuse_redis_clients
+    from worker.kombu_fetch import batch_fetch
+
+    reuse_redis_clients()
+    batch_acks(settings.ack_batch_ms)
+    batch_fetch(settings.fetch_batch)
+
+
 def _configure(sender: Celery, **_: Any) -> None:
     import celery.app.trace
 
-    from worker.kombu_acks import batch_acks
-    from worker.kombu_clients import reuse_redis_clients
-
     settings = get_settings()
     sender.conf.update(celery_config(settings))
-    reuse_redis_clients()
-    batch_acks(settings.ack_batch_ms)
+    tune_kombu(settings)
     # Celery logs a task's return value on success; ours can hold conversation text. Ids and timing only.
     celery.app.trace.LOG_SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
 

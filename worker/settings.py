@@ -172,6 +172,13 @@ class Settings(BaseSettings):
         description="How long a worker gathers message acknowledgements before it removes them from Redis's "
         "unacked hash in one round trip (0: one round trip each, as kombu does).",
     )
+    fetch_batch: int = Field(
+        16,
+        ge=1,
+        le=1_000,
+        description="Most messages a worker takes from its queue in one round trip when many wait (1: one per "
+        "round trip, and another to record it as unacknowledged, as kombu does).",
+    )
     task_log_lines: bool = Field(
         False,
         description="Celery's INFO line for every task received and succeeded (two per episode); off (at any "

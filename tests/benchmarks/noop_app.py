@@ -14,9 +14,7 @@ from typing import Any
 
 from celery import Celery, Task, states
 
-from worker.celery_app import celery_config
-from worker.kombu_acks import batch_acks
-from worker.kombu_clients import reuse_redis_clients
+from worker.celery_app import celery_config, tune_kombu
 from worker.settings import get_settings
 
 FIRST_QUEUE = "bench.noop.first"
@@ -37,8 +35,7 @@ def _configure(sender: Celery, **_: Any) -> None:
         task_routes={FIRST: {"queue": FIRST_QUEUE}, ONLY: {"queue": FIRST_QUEUE}, SECOND: {"queue": SECOND_QUEUE}},
     )
     sender.conf.update(config)
-    reuse_redis_clients()
-    batch_acks(get_settings().ack_batch_ms)  # acknowledged as the real worker does
+    tune_kombu(get_settings())  # messages taken and acknowledged as the real worker does
 
 
 app.on_configure.connect(_configure)
