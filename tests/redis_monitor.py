@@ -13,7 +13,7 @@ from tests.services import RedisClient
 
 @contextmanager
 def monitored(redis_client: RedisClient) -> Iterator[list[str]]:
-    """Every command Redis runs meanwhile (MONITOR), as text."""
+    """Every command Redis runs meanwhile (MONITOR), as text; those a Lua script ran start with `[lua] `."""
     seen: list[str] = []
     token = f"monitor-end-{uuid.uuid4().hex}"
     started = threading.Event()
@@ -22,7 +22,8 @@ def monitored(redis_client: RedisClient) -> Iterator[list[str]]:
         with redis_client.monitor() as monitor:
             started.set()
             for command in monitor.listen():
-                seen.append(str(command["command"]))
+                lua = "[lua] " if command.get("client_type") == "lua" else ""  # run by a script
+                seen.append(lua + str(command["command"]))
                 if token in seen[-1]:
                     return
 

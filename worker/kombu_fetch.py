@@ -3,17 +3,21 @@
 kombu takes one message per BRPOP, then records it in the `unacked` hash and its index in a second round trip
 (MULTI, ZADD, HSET, EXEC): two round trips per message, and a message lost if the worker dies between them.
 Here, after a BRPOP has delivered a message, one Lua script takes up to `MEMORY_FETCH_BATCH` - 1 more of the
-same queues and records each in `unacked` in the same atomic step, exactly as kombu would (same hash value,
-same index); the channel's own bookkeeping then skips its round trip for them.
+same queues (no more than the channel's prefetch leaves room for) and records each in `unacked` in the same
+atomic step, as kombu records it ([message, exchange, routing key], and its index); the channel's own
+bookkeeping then skips its round trip for them.
 
-So that a busy worker takes messages in bursts rather than one per finished task, a channel asks for more
-once it holds no more than its prefetch (Celery's: one per thread), and then takes up to the batch: a busy
-worker holds up to MEMORY_FETCH_BATCH - 1 messages beyond its prefetch, which wait for a thread (its threads
-never wait for a round trip to Redis). At 1, kombu's own.
+A channel never holds more than its prefetch (Celery's: one message per thread), so a message taken never
+waits for a thread and its age in `unacked` means what it meant. So that a busy worker takes messages in
+batches rather than one per finished task, a channel whose prefetch is full asks for more only once an eighth
+of it (at most the batch) is free again (with fewer than 16 threads, as soon as one is: as kombu does).
+At 1, kombu's own.
 
 Nothing changes for a message once it is delivered: acknowledged, rejected, restored when the channel closes,
-or brought back by the visibility timeout or the liveness sweep, as any other. A message the script cannot read
-(no delivery tag) is pushed back where it was and left to kombu's own path.
+or brought back by the liveness sweep or the visibility timeout, as any other. A message the script cannot
+read, or kombu cannot decode, goes back to the head of its queue as it was, and what was taken after it too,
+in order: kombu's own BRPOP then meets it as before. A consumer refusing a message (its callback raising) gives
+the rest of the batch back the same way, and the error goes on as on kombu's own path.
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ from kombu.utils import json as kombu_json
 log = logging.getLogger("memory.fetch")
 loads = cast(Callable[[str], Any], kombu_json.loads)  # kombu's own decoding, as its BRPOP path reads a message
 
-_RECORDED = "_memory_recorded"  # on a QoS: tags the script recorded in unacked, not yet appended locally
 _SCRIPT = "_memory_take"  # on a channel: the registered script
-_NO_ACK = "_memory_no_ack"  # on a channel: it has had a consumer without acknowledgements
+_NO_ACK = "_memory_no_ack"  # on a channel: tags of its consumers without acknowledgements
+_RECORDED = "_memory_recorded"  # on a QoS: the tag being delivered that the script recorded in unacked
+WARN_EVERY_S = 60.0  # a script that keeps failing (Redis < 7, no scripting allowed) is said once a minute
 
 # KEYS: unacked index, unacked hash, then the queues' keys in kombu's order; ARGV: most to take, now.
-# Returns queue key, message, queue key, message... Every command below succeeds once the types are checked,
-# and the shebang makes Redis (7+) refuse the whole script when it is out of memory: a message is never popped
+# Returns queue key, delivery tag, message, ... Every command below succeeds once the types are checked, and
+# the shebang makes Redis (7+) refuse the whole script when it is out of memory: a message is never popped
 # without being recorded.
 TAKE = """#!lua
 local function of_type(key, wanted)
@@ -48,7 +53,7 @@ local most = tonumber(ARGV[1])
 local out = {}
 for i = 3, #KEYS do
   if redis.call('TYPE', KEYS[i])['ok'] == 'list' then
-    while #out < 2 * most do
+    while #out < 3 * most do
       local item = redis.call('RPOP', KEYS[i])
       if not item then break end
       local ok, m = pcall(cjson.decode, item)
@@ -64,6 +69,7 @@ for i = 3, #KEYS do
       redis.call('HSET', KEYS[2], tag,
         '[' .. item .. ',' .. cjson.encode(info['exchange']) .. ',' .. cjson.encode(info['routing_key']) .. ']')
       out[#out + 1] = KEYS[i]
+      out[#out + 1] = tag
       out[#out + 1] = item
     end
   end
@@ -72,58 +78,94 @@ return out
 """
 
 
-def room(qos: Any, most: int) -> int:
-    """How many more messages the channel may hold: up to its prefetch plus most - 1 (no prefetch: most)."""
-    if not qos.prefetch_count:
-        return most
-    return int(qos.prefetch_count) + most - 1 - (len(qos._delivered) - len(qos._dirty))
+class _Warnings:
+    last = 0.0
+
+
+def burst(prefetch: int, most: int) -> int:
+    """How many free prefetch slots a full channel waits for before it asks for more."""
+    return max(1, min(most, prefetch // 8))
 
 
 def take_more(channel: Any, most: int) -> int:
-    """After a BRPOP delivered one message: take and deliver up to most - 1 more in one round trip (as many as
-    room() allows). Returns how many were delivered."""
+    """After a BRPOP delivered one message: take up to most - 1 more in one round trip (as many as the prefetch
+    leaves room for) and deliver them. Returns how many were delivered."""
     qos = channel.qos
-    want = min(most - 1, room(qos, most))
+    room = qos.can_consume_max_estimate() if qos.prefetch_count else most
+    want = min(most - 1, room or 0)
     queues = channel._queue_cycle.consume(len(channel.active_queues))
-    # A consumer without acknowledgements never removes what the script records: kombu's own path for it.
-    if want <= 0 or not queues or channel.global_keyprefix or channel.__dict__.get(_NO_ACK):
+    # kombu's own path for: a channel closing (its consumers are going), one with a consumer that never
+    # acknowledges (nothing would remove what the script records), key prefixes, no acknowledgement emulation
+    if (
+        want <= 0
+        or not queues
+        or channel._closing
+        or channel.closed
+        or channel.__dict__.get(_NO_ACK)
+        or channel.global_keyprefix
+        or not channel.ack_emulation
+    ):
         return 0
     keys = [channel._q_for_pri(queue, pri) for pri in channel.priority_steps for queue in queues]
     try:
-        with channel.conn_or_acquire() as client:
-            script = channel.__dict__.get(_SCRIPT)
-            if script is None:  # one per channel (kombu closes its clients with it)
-                script = channel.__dict__.setdefault(_SCRIPT, client.register_script(TAKE))
-            index, unacked = qos.unacked_index_key, qos.unacked_key
-            taken = script(keys=[index, unacked, *keys], args=[want, time.time()], client=client)
-    except Exception as exc:  # nothing taken (see TAKE); the next BRPOP meets a lost connection as kombu does
-        log.warning("no messages taken in a batch", extra={"error_class": type(exc).__name__})
+        taken = _run(channel, [qos.unacked_index_key, qos.unacked_key, *keys], want)
+    except Exception as exc:
+        # Nothing taken, or (the reply lost after the script ran) what it took waits in unacked for the
+        # liveness sweep, as the messages of a lost worker do; the next BRPOP meets a lost connection.
+        if time.monotonic() - _Warnings.last >= WARN_EVERY_S:
+            _Warnings.last = time.monotonic()
+            log.warning("no messages taken in a batch", extra={"error_class": type(exc).__name__})
         return 0
-    pairs = list(zip(taken[::2], taken[1::2], strict=True))
-    recorded: set[str] = qos.__dict__.setdefault(_RECORDED, set())
-    payloads = [loads(_text(item)) for _, item in pairs]
-    recorded.update(p["properties"]["delivery_tag"] for p in payloads)
-    for n, ((key, _), payload) in enumerate(zip(pairs, payloads, strict=True)):
+    return _deliver(channel, [(_text(k), _text(t), _text(i)) for k, t, i in zip(*[iter(taken)] * 3, strict=True)])
+
+
+def _run(channel: Any, keys: list[str], want: int) -> list[bytes]:
+    with channel.conn_or_acquire() as client:
+        script = channel.__dict__.get(_SCRIPT)
+        if script is None:  # one per channel (kombu closes its clients with it)
+            script = channel.__dict__.setdefault(_SCRIPT, client.register_script(TAKE))
+        return cast(list[bytes], script(keys=keys, args=[want, time.time()], client=client))
+
+
+def _deliver(channel: Any, taken: list[tuple[str, str, str]]) -> int:
+    """Each message to the channel's consumer, in order; what cannot be decoded or delivered goes back."""
+    qos = channel.qos
+    for n, (key, tag, item) in enumerate(taken):
         try:
-            channel.connection._deliver(payload, _text(key).rsplit(channel.sep, 1)[0])
+            payload = loads(item)
         except Exception as exc:
-            _give_back(qos, [p["properties"]["delivery_tag"] for p in payloads[n:]], recorded)
-            log.error("taken messages not delivered; given back", extra={"error_class": type(exc).__name__})
+            _give_back(channel, taken[n:])
+            log.error("a message taken in a batch is unreadable; given back", extra={"error_class": type(exc).__name__})
             return n
-    return len(pairs)
+        qos.__dict__[_RECORDED] = tag
+        try:
+            channel.connection._deliver(payload, key.rsplit(channel.sep, 1)[0])
+        except BaseException:
+            held = qos.__dict__.get(_RECORDED) is None  # appended (then the channel's, as on kombu's path)
+            _give_back(channel, taken[n + 1 :] if held else taken[n:])
+            raise
+        finally:
+            qos.__dict__[_RECORDED] = None
+    return len(taken)
+
+
+def _give_back(channel: Any, taken: list[tuple[str, str, str]]) -> None:
+    """Messages taken but never held by the channel: out of unacked and back at the head of their queues as
+    they were, in their order, in one transaction."""
+    if not taken:
+        return
+    qos = channel.qos
+    tags = [tag for _, tag, _ in taken]
+    with channel.conn_or_acquire() as client:
+        pipe = client.pipeline()
+        pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags)
+        for key, _, item in reversed(taken):
+            pipe.rpush(key, item)
+        pipe.execute()
 
 
 def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _give_back(qos: Any, tags: list[str], recorded: set[str]) -> None:
-    """Messages the script recorded that never reached the channel's bookkeeping go back to the head of their
-    queue, in their order."""
-    for tag in reversed(tags):
-        recorded.discard(tag)
-        if tag not in qos._delivered:
-            qos.restore_by_tag(tag)
+    return value.decode(errors="replace") if isinstance(value, bytes) else value  # as kombu's bytes_to_str
 
 
 def batch_fetch(most: int) -> None:
@@ -135,6 +177,7 @@ def batch_fetch(most: int) -> None:
         return
     own_read: Any = transport.Channel._brpop_read
     own_consume: Any = transport.Channel.basic_consume
+    own_cancel: Any = transport.Channel.basic_cancel
     own_append: Any = transport.QoS.append
     local_append: Any = virtual.QoS.append  # the channel's own bookkeeping, without Redis
 
@@ -144,26 +187,30 @@ def batch_fetch(most: int) -> None:
             take_more(self, most)
         return delivered
 
-    def basic_consume(self: Any, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+    def basic_consume(self: Any, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any) -> Any:
         if no_ack:
-            self.__dict__[_NO_ACK] = True
-        return own_consume(self, queue, no_ack, *args, **kwargs)
+            self.__dict__.setdefault(_NO_ACK, set()).add(consumer_tag)
+        return own_consume(self, queue, no_ack, callback, consumer_tag, **kwargs)
+
+    def basic_cancel(self: Any, consumer_tag: str) -> Any:
+        self.__dict__.get(_NO_ACK, set()).discard(consumer_tag)
+        return own_cancel(self, consumer_tag)
 
     def append(self: Any, message: Any, delivery_tag: str) -> None:
-        recorded = self.__dict__.get(_RECORDED)
-        if recorded and delivery_tag in recorded:
-            recorded.discard(delivery_tag)
-            local_append(self, message, delivery_tag)
+        if delivery_tag == self.__dict__.get(_RECORDED):
+            self.__dict__[_RECORDED] = None
+            local_append(self, message, delivery_tag)  # the script recorded it in unacked
             return
         own_append(self, message, delivery_tag)
 
     def can_consume(self: Any) -> bool:
-        """Another BRPOP once the channel holds no more than its prefetch (kombu's: less than it)."""
         prefetch = self.prefetch_count
-        return not prefetch or len(self._delivered) - len(self._dirty) <= prefetch
+        held = len(self._delivered) - len(self._dirty)
+        return not prefetch or held == 0 or prefetch - held >= burst(prefetch, most)
 
     _brpop_read._memory_fetch = True  # type: ignore[attr-defined]
     transport.Channel._brpop_read = _brpop_read  # type: ignore[method-assign]
     transport.Channel.basic_consume = basic_consume  # type: ignore[method-assign]
+    transport.Channel.basic_cancel = basic_cancel  # type: ignore[method-assign]
     transport.QoS.append = append  # type: ignore[method-assign]
     transport.QoS.can_consume = can_consume  # type: ignore[method-assign]
