@@ -176,9 +176,8 @@ class Settings(BaseSettings):
         16,
         ge=1,
         le=1_000,
-        description="Most messages a worker takes from its queue in one round trip when many wait; with all its "
-        "threads busy it asks again once an eighth of them are free (1: one message per round trip, and another to "
-        "record it as unacknowledged, as kombu does).",
+        description="Most messages a worker takes from its queue in one round trip when many wait, within its "
+        "prefetch (1: one message per round trip, and another to record it as unacknowledged, as kombu does).",
     )
     task_log_lines: bool = Field(
         False,
