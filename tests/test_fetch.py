@@ -24,7 +24,7 @@ from tests.redis_monitor import monitored
 from tests.services import RedisClient
 from tests.workers import WorkerProcess
 from worker.keys import EXTRACT_QUEUE, KOMBU_UNACKED, KOMBU_UNACKED_INDEX
-from worker.kombu_fetch import TAKE, batch_fetch
+from worker.kombu_fetch import TAKE, _State, batch_fetch, take_more
 from worker.settings import Settings
 
 QUEUE = "test.fetch"
@@ -187,6 +187,28 @@ def test_a_consumer_without_acknowledgements_leaves_nothing_in_unacked(
     got = _consume(connection, lambda got: len(got) >= 30, no_ack=True)
     assert _numbers(got) == list(range(30))
     assert clean_redis.hlen(KOMBU_UNACKED) == 0
+
+
+def test_a_script_redis_refuses_leaves_every_channel_on_kombus_path_for_a_while(
+    connection: Any, clean_redis: RedisClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    _publish(connection, 10)
+    channel = connection.channel()
+    channel.basic_qos(0, PREFETCH, False)
+    clean_redis.set(KOMBU_UNACKED_INDEX, "not a sorted set")  # the script refuses to run (WRONGTYPE)
+    try:
+        with Consumer(channel, [Queue(QUEUE, routing_key=QUEUE)], callbacks=[lambda body, message: None]):
+            with caplog.at_level("ERROR", logger="memory.fetch"):
+                assert take_more(channel, 16) == 0
+            assert "Redis refused the batch script" in caplog.text
+            assert clean_redis.llen(QUEUE) == 10  # nothing taken
+            clean_redis.delete(KOMBU_UNACKED_INDEX)
+            assert take_more(channel, 16) == 0  # paused: one message per round trip, as kombu takes them
+            _State.paused_until = float("-inf")
+            assert take_more(channel, 16) == 10
+    finally:
+        _State.paused_until = float("-inf")
+    assert clean_redis.hlen(KOMBU_UNACKED) == 10
 
 
 def test_a_worker_takes_a_backlog_in_batches(

@@ -16,7 +16,10 @@ Nothing changes for a message once it is delivered: acknowledged, rejected, rest
 or brought back by the liveness sweep or the visibility timeout, as any other. A message the script cannot
 read, or kombu cannot decode, goes back to the head of its queue as it was, and what was taken after it too,
 in order: kombu's own BRPOP then meets it as before. A consumer refusing a message (its callback raising) gives
-the rest of the batch back the same way, and the error goes on as on kombu's own path.
+the rest of the batch back the same way, and the error goes on as on kombu's own path. Only messages for the
+channel's own acknowledging consumer are taken so: a consumer without acknowledgements, or another channel's,
+keeps kombu's path, and so does every channel of the process for ten minutes after Redis refused the script
+(Redis before 7, scripting not allowed, out of memory).
 """
 
 from __future__ import annotations
@@ -27,14 +30,16 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from kombu.utils import json as kombu_json
+from redis.exceptions import ResponseError
 
 log = logging.getLogger("memory.fetch")
 loads = cast(Callable[[str], Any], kombu_json.loads)  # kombu's own decoding, as its BRPOP path reads a message
 
 _SCRIPT = "_memory_take"  # on a channel: the registered script
-_NO_ACK = "_memory_no_ack"  # on a channel: tags of its consumers without acknowledgements
+_OWN = "_memory_own"  # on a channel: queue → the callback its acknowledging consumer registered for it
 _RECORDED = "_memory_recorded"  # on a QoS: the tag being delivered that the script recorded in unacked
-WARN_EVERY_S = 60.0  # a script that keeps failing (Redis < 7, no scripting allowed) is said once a minute
+WARN_EVERY_S = 60.0  # a round trip that keeps failing (Redis away) is said once a minute
+REFUSED_PAUSE_S = 600.0  # a script Redis refuses (Redis < 7, scripting not allowed, out of memory): kombu's path
 
 # KEYS: unacked index, unacked hash, then the queues' keys in kombu's order; ARGV: most to take, now.
 # Returns queue key, delivery tag, message, ... Every command below succeeds once the types are checked, and
@@ -77,8 +82,9 @@ return out
 """
 
 
-class _Warnings:
-    last = 0.0
+class _State:
+    warned = float("-inf")
+    paused_until = float("-inf")
 
 
 def take_more(channel: Any, most: int) -> int:
@@ -87,30 +93,45 @@ def take_more(channel: Any, most: int) -> int:
     qos = channel.qos
     room = qos.can_consume_max_estimate() if qos.prefetch_count else most
     want = min(most - 1, room or 0)
-    queues = channel._queue_cycle.consume(len(channel.active_queues))
-    # kombu's own path for: a channel closing (its consumers are going), one with a consumer that never
-    # acknowledges (nothing would remove what the script records), key prefixes, no acknowledgement emulation
+    # Only queues whose messages reach this channel's own acknowledging consumer: a consumer without
+    # acknowledgements (nothing would remove what the script records) or another channel's keep kombu's path.
+    own = channel.__dict__.get(_OWN, {})
+    callbacks = channel.connection._callbacks
+    queues = [
+        queue
+        for queue in channel._queue_cycle.consume(len(channel.active_queues))
+        if queue in own and callbacks.get(queue) is own[queue]
+    ]
+    # kombu's own path too for: a channel closing (its consumers are going), key prefixes, no acknowledgement
+    # emulation, and a while after Redis refused the script
     if (
         want <= 0
         or not queues
         or channel._closing
         or channel.closed
-        or channel.__dict__.get(_NO_ACK)
         or channel.global_keyprefix
         or not channel.ack_emulation
+        or time.monotonic() < _State.paused_until
     ):
         return 0
     keys = [channel._q_for_pri(queue, pri) for pri in channel.priority_steps for queue in queues]
     try:
         taken = _run(channel, [qos.unacked_index_key, qos.unacked_key, *keys], want)
+    except ResponseError as exc:  # refused whole (see TAKE): nothing taken
+        _State.paused_until = time.monotonic() + REFUSED_PAUSE_S
+        log.error(
+            "Redis refused the batch script; one message per round trip for a while",
+            extra={"error_class": type(exc).__name__, "pause_s": REFUSED_PAUSE_S},
+        )
+        return 0
     except Exception as exc:
         # Nothing taken, or (the reply lost after the script ran) what it took waits in unacked for the
-        # liveness sweep, as the messages of a lost worker do; the next BRPOP meets a lost connection.
-        if time.monotonic() - _Warnings.last >= WARN_EVERY_S:
-            _Warnings.last = time.monotonic()
+        # liveness sweep, as the messages of a lost worker do; kombu's next round trip meets the lost connection.
+        if time.monotonic() - _State.warned >= WARN_EVERY_S:
+            _State.warned = time.monotonic()
             log.warning("no messages taken in a batch", extra={"error_class": type(exc).__name__})
         return 0
-    return _deliver(channel, [(_text(k), _text(t), _text(i)) for k, t, i in zip(*[iter(taken)] * 3, strict=True)])
+    return _deliver(channel, [(_text(k), _text(t), bytes(i)) for k, t, i in zip(*[iter(taken)] * 3, strict=True)])
 
 
 def _run(channel: Any, keys: list[str], want: int) -> list[bytes]:
@@ -121,12 +142,12 @@ def _run(channel: Any, keys: list[str], want: int) -> list[bytes]:
         return cast(list[bytes], script(keys=keys, args=[want, time.time()], client=client))
 
 
-def _deliver(channel: Any, taken: list[tuple[str, str, str]]) -> int:
+def _deliver(channel: Any, taken: list[tuple[str, str, bytes]]) -> int:
     """Each message to the channel's consumer, in order; what cannot be decoded or delivered goes back."""
     qos = channel.qos
     for n, (key, tag, item) in enumerate(taken):
         try:
-            payload = loads(item)
+            payload = loads(_text(item))
         except Exception as exc:
             _give_back(channel, taken[n:])
             log.error("a message taken in a batch is unreadable; given back", extra={"error_class": type(exc).__name__})
@@ -143,19 +164,26 @@ def _deliver(channel: Any, taken: list[tuple[str, str, str]]) -> int:
     return len(taken)
 
 
-def _give_back(channel: Any, taken: list[tuple[str, str, str]]) -> None:
+def _give_back(channel: Any, taken: list[tuple[str, str, bytes]]) -> None:
     """Messages taken but never held by the channel: out of unacked and back at the head of their queues as
-    they were, in their order, in one transaction."""
+    they were, in their order, in one transaction. If that fails (Redis away), they wait in unacked for the
+    liveness sweep, as the messages of a lost worker do."""
     if not taken:
         return
     qos = channel.qos
     tags = [tag for _, tag, _ in taken]
-    with channel.conn_or_acquire() as client:
-        pipe = client.pipeline()
-        pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags)
-        for key, _, item in reversed(taken):
-            pipe.rpush(key, item)
-        pipe.execute()
+    try:
+        with channel.conn_or_acquire() as client:
+            pipe = client.pipeline()
+            pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags)
+            for key, _, item in reversed(taken):
+                pipe.rpush(key, item)
+            pipe.execute()
+    except Exception as exc:
+        log.error(
+            "messages taken in a batch not given back; the liveness sweep returns them",
+            extra={"error_class": type(exc).__name__, "count": len(taken)},
+        )
 
 
 def _text(value: bytes | str) -> str:
@@ -171,7 +199,6 @@ def batch_fetch(most: int) -> None:
         return
     own_read: Any = transport.Channel._brpop_read
     own_consume: Any = transport.Channel.basic_consume
-    own_cancel: Any = transport.Channel.basic_cancel
     own_append: Any = transport.QoS.append
     local_append: Any = virtual.QoS.append  # the channel's own bookkeeping, without Redis
 
@@ -182,13 +209,15 @@ def batch_fetch(most: int) -> None:
         return delivered
 
     def basic_consume(self: Any, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any) -> Any:
+        """Remembers the callback an acknowledging consumer registers for its queue (kombu keeps one per queue
+        for the whole connection, replaced by a later consumer, removed by a cancel)."""
+        tag = own_consume(self, queue, no_ack, callback, consumer_tag, **kwargs)
+        own = self.__dict__.setdefault(_OWN, {})
         if no_ack:
-            self.__dict__.setdefault(_NO_ACK, set()).add(consumer_tag)
-        return own_consume(self, queue, no_ack, callback, consumer_tag, **kwargs)
-
-    def basic_cancel(self: Any, consumer_tag: str) -> Any:
-        self.__dict__.get(_NO_ACK, set()).discard(consumer_tag)
-        return own_cancel(self, consumer_tag)
+            own.pop(queue, None)
+        else:
+            own[queue] = self.connection._callbacks.get(queue)
+        return tag
 
     def append(self: Any, message: Any, delivery_tag: str) -> None:
         if delivery_tag == self.__dict__.get(_RECORDED):
@@ -200,5 +229,4 @@ def batch_fetch(most: int) -> None:
     _brpop_read._memory_fetch = True  # type: ignore[attr-defined]
     transport.Channel._brpop_read = _brpop_read  # type: ignore[method-assign]
     transport.Channel.basic_consume = basic_consume  # type: ignore[method-assign]
-    transport.Channel.basic_cancel = basic_cancel  # type: ignore[method-assign]
     transport.QoS.append = append  # type: ignore[method-assign]
