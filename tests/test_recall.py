@@ -10,10 +10,11 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from api_stub.client import MemoryClient
+from api_stub.recall import check_user_id
 from tests.factories import entities, record, relation
 from tests.services import RedisClient
 from worker.deadletter import DeadLetterStore
@@ -228,14 +229,16 @@ queries = st.one_of(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(me=users, query=queries)
+@example(me="0 ", query="Anna")  # the same user as "0": ids are stripped wherever they enter
 def test_recall_never_leaks_for_random_users_and_queries(
     client: MemoryClient, store: Neo4jGraphStore, new_user: NewUser, me: str, query: str
 ) -> None:
-    example = uuid.uuid4().hex[:8]
-    user, other = new_user(f"{example}-{me}"), new_user(f"{example}-other")
+    example_id = uuid.uuid4().hex[:8]
+    user, other = new_user(f"{example_id}-{me}"), new_user(f"{example_id}-other")
     seed(store, user, other)
+    owner = check_user_id(user)  # the user as stored and recalled (add_episode and recall strip ids alike)
     context = client.retrieve_memory(user, query)
-    assert all(e.user_id == user for e in context.related_episodes)
-    assert all(n.user_id == user for n in context.related_entities)
-    assert all(r.user_id == user for r in context.related_relations)
+    assert all(e.user_id == owner for e in context.related_episodes)
+    assert all(n.user_id == owner for n in context.related_entities)
+    assert all(r.user_id == owner for r in context.related_relations)
     assert client._recall().counters.foreign_results_dropped == 0
