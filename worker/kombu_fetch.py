@@ -90,9 +90,18 @@ class _State:
 def take_more(channel: Any, most: int) -> int:
     """After a BRPOP delivered one message: take up to most - 1 more in one round trip (as many as the prefetch
     leaves room for) and deliver them. Returns how many were delivered."""
+    # kombu's own path for: a channel closing (its consumers are going), key prefixes, no acknowledgement
+    # emulation, and a while after Redis refused the script
+    if (
+        channel._closing
+        or channel.closed
+        or channel.global_keyprefix
+        or not channel.ack_emulation
+        or time.monotonic() < _State.paused_until
+    ):
+        return 0
     qos = channel.qos
-    room = qos.can_consume_max_estimate() if qos.prefetch_count else most
-    want = min(most - 1, room or 0)
+    want = min(most - 1, qos.can_consume_max_estimate() if qos.prefetch_count else most)
     # Only queues whose messages reach this channel's own acknowledging consumer: a consumer without
     # acknowledgements (nothing would remove what the script records) or another channel's keep kombu's path.
     own = channel.__dict__.get(_OWN, {})
@@ -102,17 +111,7 @@ def take_more(channel: Any, most: int) -> int:
         for queue in channel._queue_cycle.consume(len(channel.active_queues))
         if queue in own and callbacks.get(queue) is own[queue]
     ]
-    # kombu's own path too for: a channel closing (its consumers are going), key prefixes, no acknowledgement
-    # emulation, and a while after Redis refused the script
-    if (
-        want <= 0
-        or not queues
-        or channel._closing
-        or channel.closed
-        or channel.global_keyprefix
-        or not channel.ack_emulation
-        or time.monotonic() < _State.paused_until
-    ):
+    if want <= 0 or not queues:
         return 0
     keys = [channel._q_for_pri(queue, pri) for pri in channel.priority_steps for queue in queues]
     try:
@@ -131,7 +130,7 @@ def take_more(channel: Any, most: int) -> int:
             _State.warned = time.monotonic()
             log.warning("no messages taken in a batch", extra={"error_class": type(exc).__name__})
         return 0
-    return _deliver(channel, [(_text(k), _text(t), bytes(i)) for k, t, i in zip(*[iter(taken)] * 3, strict=True)])
+    return _deliver(channel, [(_text(k), _text(t), i) for k, t, i in zip(*[iter(taken)] * 3, strict=True)])
 
 
 def _run(channel: Any, keys: list[str], want: int) -> list[bytes]:
@@ -173,8 +172,7 @@ def _give_back(channel: Any, taken: list[tuple[str, str, bytes]]) -> None:
     qos = channel.qos
     tags = [tag for _, tag, _ in taken]
     try:
-        with channel.conn_or_acquire() as client:
-            pipe = client.pipeline()
+        with qos.pipe_or_acquire() as pipe:  # kombu's own MULTI, as its QoS and worker/kombu_acks.py use
             pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags)
             for key, _, item in reversed(taken):
                 pipe.rpush(key, item)
@@ -203,9 +201,8 @@ def batch_fetch(most: int) -> None:
     local_append: Any = virtual.QoS.append  # the channel's own bookkeeping, without Redis
 
     def _brpop_read(self: Any, **options: Any) -> Any:
-        delivered = own_read(self, **options)
-        if delivered:
-            take_more(self, most)
+        delivered = own_read(self, **options)  # True, or kombu raises Empty
+        take_more(self, most)
         return delivered
 
     def basic_consume(self: Any, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any) -> Any:
