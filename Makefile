@@ -39,7 +39,7 @@ bench: install services-up
 	$(VENV)/bin/python -m tests.benchmarks.bench_extract
 	$(VENV)/bin/python -m tests.benchmarks.bench_store
 	$(VENV)/bin/python -m tests.benchmarks.bench_recall
-	$(VENV)/bin/python -m tests.benchmarks.bench_locomo
+	$(VENV)/bin/python -m tests.benchmarks.bench_recall_quality
 	$(VENV)/bin/python -m tests.benchmarks.bench_ingest
 	$(VENV)/bin/python -m tests.benchmarks.bench_queue_bytes
 	$(VENV)/bin/python -m tests.benchmarks.bench_crash_recovery

@@ -21,12 +21,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from worker.background import BackgroundCalls
 from worker.errors import QueryRejected, StoreError, StoreUnavailable
+from worker.graph.candidates import Candidates
 from worker.graph.neo4j_store import Neo4jGraphStore
-from worker.keywords import KeywordExtractor, local_keywords
+from worker.keywords import KeywordExtractor, Keywords, local_keywords
 from worker.models import Identifier, MemoryContext, within_calendar
 from worker.query_embedding import QueryEmbedder
 from worker.settings import Settings
-from worker.timeframe import period_in
+from worker.timeframe import Period, period_in
 
 log = logging.getLogger("memory.recall")
 audit = logging.getLogger("memory.audit")
@@ -214,29 +215,36 @@ class Recall:
             raise StoreUnavailable(reason, cause=f"Recall{why.title()}")
         return _degraded_context(user_id, reason, f"Recall{why.title()}")
 
-    def _search(self, ask: _Ask, budget_s: float, local: list[str]) -> MemoryContext:
-        user_id, query = ask.user_id, ask.query
+    def _inputs(self, ask: _Ask, budget_s: float, local: list[str]) -> _Inputs:
+        """What the store is asked with: keywords (LLM ones within their budget), the query's vector (within
+        its budget), the period the query names, and the time left for the reads."""
         started = time.perf_counter()
         keyword_budget = max(1, int(min(self._settings.keywords_budget_ms, budget_s * 1000 / 2)))
-        words = self._keywords.keywords(user_id, query, budget_ms=keyword_budget, local=local).words
+        found = self._keywords.keywords(ask.user_id, ask.query, budget_ms=keyword_budget, local=local)
         vector = None
         if self._embedder.enabled:
             left_ms = (budget_s - (time.perf_counter() - started)) * 1000
             vector = self._embedder.vector(
-                user_id, query, budget_ms=max(1, int(min(self._settings.embedding_budget_ms, left_ms / 2)))
+                ask.user_id, ask.query, budget_ms=max(1, int(min(self._settings.embedding_budget_ms, left_ms / 2)))
             )
         remaining = max(0.05, budget_s - (time.perf_counter() - started))
-        period = period_in(query, ask.as_of or datetime.now(UTC))  # "last month" as of the time asked about
+        period = period_in(ask.query, ask.as_of or datetime.now(UTC))  # "last month" as of the time asked about
+        return _Inputs(found, vector, period, remaining)
+
+    def _search(self, ask: _Ask, budget_s: float, local: list[str]) -> MemoryContext:
+        user_id, query = ask.user_id, ask.query
+        given = self._inputs(ask, budget_s, local)
         try:
             context = self.store.search(
                 user_id,
-                words,
+                given.keywords.words,
                 query,
                 ask.limit or self._settings.recall_limit,
-                timeout_s=remaining,
-                period=period,
-                vector=vector,
+                timeout_s=given.timeout_s,
+                period=given.period,
+                vector=given.vector,
                 as_of=ask.as_of,
+                expansion=given.keywords.expansion,
             )
         except StoreError as exc:
             if ask.strict:
@@ -244,6 +252,22 @@ class Recall:
             cause = exc.cause or type(exc).__name__
             context = _degraded_context(user_id, f"store unavailable ({cause})", cause)
         return context
+
+    def candidates(self, user_id: str, query: str, budget_ms: int = 10_000) -> Candidates | None:
+        """The candidate lists a recall of this query would fuse, asked with the same inputs: benchmarks fuse
+        one read under many weightings. Not budgeted like retrieve(): errors raise."""
+        ask = _Ask(check_user_id(user_id), check_query(query, self._settings), None, True, None)
+        local = local_keywords(ask.query, self._settings.max_keywords)
+        given = self._inputs(ask, budget_ms / 1000, local)
+        return self.store.candidates(
+            ask.user_id,
+            ask.query,
+            keywords=given.keywords.words,
+            timeout_s=given.timeout_s,
+            period=given.period,
+            vector=given.vector,
+            expansion=given.keywords.expansion,
+        )
 
     def _only_own(self, user_id: str, context: MemoryContext) -> tuple[MemoryContext, int]:
         """Drop anything that is not the user's. The store already filters: a drop here is a bug, so alert."""
@@ -266,6 +290,14 @@ class Recall:
                 update={"related_episodes": episodes, "related_entities": entities, "related_relations": relations}
             )
         return context, dropped
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    keywords: Keywords
+    vector: list[float] | None
+    period: Period | None
+    timeout_s: float
 
 
 @dataclass(frozen=True)

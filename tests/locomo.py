@@ -1,6 +1,6 @@
 """LoCoMo-format conversations (Maharana et al., ACL 2024; CC BY-NC 4.0) for measuring recall: read from
-where they lie (never copied into this repository), stored one user per conversation and one episode per
-session through the real queue and worker, and scored by session recall_any@k.
+where they lie (never copied into this repository): one user per conversation, one episode per session
+(tests/benchmarks/recall_sets.py scores them).
 """
 
 from __future__ import annotations
@@ -8,13 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-from worker.models import MemoryContext
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "locomo-dev"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}  # 5 (adversarial) left out
@@ -82,49 +79,3 @@ def load_conversations(directory: Path, only: int | None = None) -> list[Convers
 
 def session_id(number: int) -> str:
     return f"session_{number}"
-
-
-Retrieve = Callable[[str, str, int], MemoryContext]
-
-
-@dataclass
-class Scores:
-    hits: dict[int, int]  # k → questions with a gold session in the first k
-    by_category: dict[int, list[int]]  # category → [hits@5, questions]
-    questions: int = 0
-
-    def at(self, k: int) -> float:
-        return round(self.hits[k] / max(self.questions, 1), 3)
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            **{f"recall_any@{k}": self.at(k) for k in sorted(self.hits)},
-            "by_category@5": {CATEGORIES[c]: round(h / n, 3) for c, (h, n) in sorted(self.by_category.items()) if n},
-            "questions": self.questions,
-        }
-
-
-def score(
-    conversations: Sequence[Conversation],
-    user_of: Callable[[Conversation], str],
-    retrieve: Retrieve,
-    ks: Sequence[int] = (5, 10),
-) -> Scores:
-    """Session recall_any@k: a question counts when one of its gold sessions is among the first k."""
-    deepest = max(ks)
-    result = Scores({k: 0 for k in ks}, {c: [0, 0] for c in CATEGORIES})
-    for conversation in conversations:
-        user = user_of(conversation)
-        for question in conversation.questions:
-            ranked = [_number(h.session_id) for h in retrieve(user, question.text, deepest).related_episodes]
-            result.questions += 1
-            for k in ks:
-                result.hits[k] += bool(set(ranked[:k]) & question.gold)
-            cell = result.by_category[question.category]
-            cell[0] += bool(set(ranked[:5]) & question.gold)
-            cell[1] += 1
-    return result
-
-
-def _number(session: str) -> int:
-    return int(session.rsplit("_", 1)[1])

@@ -22,6 +22,7 @@ class Query:
     user: str
     text: str
     answers: frozenset[str]  # keys of the episodes that answer it
+    alone: str | None = None  # a chatty query: the question without its small talk
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class Dataset:
     episodes: list[dict[str, Any]]
     queries: list[Query]
     paraphrases: list[Query]  # share no search term with their answers (for embeddings)
+    twins: list[Query]  # one user, a dozen episodes of one frame ("my boss's …"): the answer must rank first
+    chatty: list[Query]  # lexical and near-twin queries again, after two to four sentences of small talk
 
     @property
     def users(self) -> list[str]:
@@ -39,9 +42,15 @@ def load_dataset() -> Dataset:
     raw = json.loads(DATA.read_text(encoding="utf-8"))
 
     def parse(items: list[dict[str, Any]]) -> list[Query]:
-        return [Query(q["user"], q["query"], frozenset(q["answers"])) for q in items]
+        return [Query(q["user"], q["query"], frozenset(q["answers"]), q.get("alone")) for q in items]
 
-    return Dataset(raw["episodes"], parse(raw["queries"]), parse(raw.get("paraphrases", [])))
+    return Dataset(
+        raw["episodes"],
+        parse(raw["queries"]),
+        parse(raw.get("paraphrases", [])),
+        parse(raw.get("twins", [])),
+        parse(raw.get("chatty", [])),
+    )
 
 
 def store_dataset(data: Dataset, prefix: str, store: Neo4jGraphStore, settings: Settings) -> dict[str, str]:

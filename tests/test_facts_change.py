@@ -393,7 +393,7 @@ def test_two_ways_back_saved_in_one_batch_apply_in_time_order_and_a_deleted_fact
         )
         for p in ways_back
     ]
-    assert [r.outcome for r in store.save_episodes(writes, {})] == ["created", "created"]
+    assert [r.outcome for r in store.save_episodes(writes)] == ["created", "created"]
     stored = facts(store, user)
     august_id = ways_back[1]["episode_id"]
     assert (stored["Porto"]["valid_from"].to_native(), stored["Porto"]["reopened_by"]) == (AUGUST, august_id)

@@ -255,3 +255,51 @@ def test_a_failure_to_count_a_commit_does_not_fail_its_episodes(
     outcomes = save_together(commit, records)
     assert all(isinstance(o, SaveResult) and o.outcome == "created" for o in outcomes), outcomes
     assert store.stats(user).episodes == 5
+
+
+def test_one_episode_id_sent_by_two_users_in_one_batch_is_stored_for_one_and_refused_for_the_other(
+    store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    """Issue 33, item 1: both sends were reported stored while only the first was (the second's claim never
+    ran). Now they are written as one after the other would be: the second is refused as another user's id."""
+    first, second = new_user("twin-a"), new_user("twin-b")
+    shared = f"ep_shared_{time.time_ns()}"
+    commits: list[int] = []
+    commit = GroupCommit(store, max_batch=50, linger_s=2.0, wait_s=60, committed=commits.append)
+    a = record(first, "the first user's words about Ada", episode_id=shared)
+    b = record(second, "the second user's words about Bo", episode_id=shared)
+    outcomes = save_all([partial(commit.save, a, entities("Ada"), []), partial(commit.save, b, entities("Bo"), [])])
+    created = [o for o in outcomes if isinstance(o, SaveResult) and o.created]
+    refused = [o for o in outcomes if isinstance(o, StoreRequestError)]
+    assert len(created) == 1 and len(refused) == 1, outcomes
+    owner = first if outcomes[0] is created[0] else second
+    with store._session() as s:
+        row = s.run("MATCH (e:Episode {id: $id}) RETURN e.user_id AS u, e.content AS c", id=shared).single()
+    assert row is not None and row["u"] == owner
+    assert ("first" in row["c"]) == (owner == first)
+    assert graph_facts(store, second if owner == first else first)["episodes"] == 0
+
+
+def test_the_same_episode_id_twice_in_one_save_is_saved_as_two_sends_one_after_the_other(
+    store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("twice")
+    shared = f"ep_twice_{time.time_ns()}"
+    one = record(user, "first send", episode_id=shared, session_id="s1")
+    other = record(user, "another send", episode_id=shared, session_id="s2")
+    results = store.save_episodes([(one, [], []), (other, [], [])])
+    assert [r.outcome for r in results] == ["created", "exists"]  # as one after the other (no digests here)
+    lines = [
+        SessionProgress(key=progress_key(user, "s1"), user_id=user, session_id="s1", extracted=1, digest="d1"),
+        SessionProgress(key=progress_key(user, "s2"), user_id=user, session_id="s2", extracted=1, digest="d2"),
+    ]
+    again = record(user, "a third send", episode_id=f"{shared}-b", session_id="s1")
+    results = store.save_episodes([(again, [], []), (again, [], [])], lines)
+    assert results[0].outcome == "created" and results[1].outcome == "exists"
+    with store._session() as s:
+        digests = {
+            r["k"]: r["d"]
+            for r in s.run("MATCH (p:SessionProgress {user_id: $u}) RETURN p.key AS k, p.digest AS d", u=user)
+        }
+    assert digests[progress_key(user, "s1")] == "d1"  # the line of the send written, each with its own
+    assert digests.get(progress_key(user, "s2"), "") != "d2"  # the second was found stored: its line not moved

@@ -5,8 +5,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
+from worker.graph.bm25 import best_windows
+from worker.graph.candidates import Candidates, query_terms
 from worker.graph.fusion import FusionWeights, fuse
-from worker.graph.lucene import terms_query
+from worker.graph.lucene import MAX_QUERY_TERMS, terms_query
 from worker.graph.passage import MAX_PASSAGE_CHARS, snippet
 from worker.terms import terms
 from worker.timeframe import LAG, period_in
@@ -73,43 +75,85 @@ def test_time_words_asked_as_of_the_ends_of_the_calendar_name_no_period_and_rais
             assert period is None or period.start < period.end
 
 
-def test_fusion_adds_normalised_lists_and_breaks_ties_by_id() -> None:
-    ranked = fuse(
-        windows=[{"id": "a", "score": 4.0, "seq": 2}, {"id": "b", "score": 2.0, "seq": 0}],
-        episodes=[{"id": "b", "score": 3.0}, {"id": "a", "score": 1.5}],
-        in_period=["c"],
-        mentions=[],
-        episodes_total=10,
-        weights=FusionWeights(windows=1.0, episodes=0.5, period=0.3),
-        limit=5,
+def _found(
+    windows: list[tuple[str, int, str]],
+    query: str,
+    *,
+    total: int = 0,
+    episodes: tuple[str, ...] = (),
+    in_period: tuple[str, ...] = (),
+    dense: tuple[tuple[str, float, int], ...] = (),
+) -> Candidates:
+    return Candidates(
+        windows=windows,
+        windows_total=total or len(windows),
+        episodes=list(episodes),
+        in_period=list(in_period),
+        dense=list(dense),
+        query=query_terms(query),
     )
-    assert [(r.id, r.score) for r in ranked] == [("a", 1.25), ("b", 1.0), ("c", 0.3)]
-    assert ranked[0].seq == 2 and ranked[2].seq is None
-    assert ranked[2].matched_by == ["time"]
-    tied = fuse(
-        windows=[{"id": i, "score": 1.0, "seq": 0} for i in "dcba"],
-        episodes=[],
-        in_period=[],
-        mentions=[],
-        episodes_total=4,
-        weights=FusionWeights(),
-        limit=2,
+
+
+def test_fusion_is_reciprocal_rank_fusion_of_text_then_time_and_breaks_ties_by_id() -> None:
+    found = _found(
+        [("a", 2, "lisbon move"), ("b", 0, "lisbon"), ("b", 1, "coffee"), ("d", 0, "move")],
+        "lisbon move",
+        episodes=("b", "a"),
+        in_period=("c",),
     )
+    ranked = fuse(found, FusionWeights(period=0), limit=5)
+    # text: a is 1st by window and 2nd by episode, b the reverse (a tie, to the id), d 3rd by window only
+    assert [r.id for r in ranked] == ["a", "b", "d"]
+    assert [r.score for r in ranked] == [round(1 / 61, 6), round(1 / 62, 6), round(1 / 63, 6)]
+    assert ranked[0].seq == 2 and ranked[1].seq == 0 and ranked[0].matched_by == ["text"]
+    with_time = fuse(found, FusionWeights(), limit=5)
+    assert [r.id for r in with_time] == ["a", "c", "b", "d"]  # c: first of the period, no text
+    assert with_time[1].matched_by == ["time"] and with_time[1].seq is None
+    tied = fuse(_found([(i, 0, "kayak") for i in "dcba"], "kayak"), FusionWeights(), limit=2)
     assert [r.id for r in tied] == ["a", "b"]
+    assert [r.id for r in fuse(found, FusionWeights(), limit=2)] == ["a", "c"]  # the first of a longer answer
 
 
-def test_an_entity_in_most_episodes_adds_nothing_and_a_rare_one_adds_most() -> None:
-    ranked = fuse(
-        windows=[{"id": "x", "score": 1.0, "seq": 0}, {"id": "y", "score": 1.0, "seq": 0}],
-        episodes=[],
-        in_period=[],
-        mentions=[{"id": "x", "name": "Caroline", "df": 10}, {"id": "y", "name": "Lisbon", "df": 2}],
-        episodes_total=10,
-        weights=FusionWeights(entities=0.5),
-        limit=5,
-    )
-    assert [r.id for r in ranked] == ["y", "x"]
-    assert ranked[0].matched_by == ["text", "entity:Lisbon"] and ranked[1].matched_by == ["text"]
+def test_the_period_raises_what_the_text_found_first_among_the_episodes_then() -> None:
+    windows = [("x", 0, "hike hill"), ("y", 0, "hike"), ("z", 0, "hike")]
+    found = _found(windows, "hike hill", episodes=("x", "y", "z"), in_period=("z", "y"))
+    ranked = [r.id for r in fuse(found, FusionWeights(), limit=3)]
+    assert ranked == ["y", "z", "x"]  # what happened then first, in the order the text ranks it
+    assert [r.id for r in fuse(found, FusionWeights(period=0), limit=3)] == ["x", "y", "z"]
+
+
+def test_window_bm25_uses_the_users_own_statistics_and_the_querys_term_counts() -> None:
+    # "boss" is in every one of this user's windows: it says nothing; "birthday" decides
+    windows = [("phone", 0, "boss phone number boss"), ("birthday", 0, "boss birthday december")]
+    assert [r.id for r in fuse(_found(windows, "boss boss birthday"), FusionWeights(), limit=2)] == [
+        "birthday",
+        "phone",
+    ]
+    scores = best_windows(query_terms("boss birthday"), windows, windows_total=2)
+    assert scores["birthday"][0] > scores["phone"][0]
+    # the user's window count is N: with many windows besides, "boss" weighs again, the term said twice more
+    many = best_windows(query_terms("boss boss birthday"), windows, windows_total=1000)
+    assert many["phone"][0] > best_windows(query_terms("boss boss birthday"), windows, 2)["phone"][0]
+    assert best_windows(query_terms("kayak"), windows, 2) == {}
+
+
+def test_a_query_searches_all_its_terms_with_their_counts_and_the_llm_keywords_it_lacks() -> None:
+    chatter = " ".join(f"word{i} filler{i}" for i in range(100))
+    counts = query_terms(f"{chatter} when is my boss's birthday, my boss?")
+    assert counts["birthday"] == 1 and counts["boss"] == 2  # after 200 words of small talk: searched
+    assert len(counts) == 202
+    assert query_terms("boss", expansion=["boss", "manager"]) == {"boss": 1, "manag": 1}
+    long = query_terms(" ".join(f"w{i}x" for i in range(1000)) + " birthday")
+    assert len(long) == MAX_QUERY_TERMS and "birthday" in long and "w999x" in long and "w0x" not in long
+
+
+def test_meaning_adds_its_own_list_and_names_itself() -> None:
+    found = _found([("a", 0, "kayak")], "kayak", dense=(("b", 0.9, 3), ("a", 0.2, 0)))
+    lexical = fuse(found, FusionWeights(), limit=5)
+    assert [r.id for r in lexical] == ["a"]
+    ranked = fuse(found, FusionWeights(dense=1.0), limit=5)
+    assert [r.id for r in ranked] == ["a", "b"] and ranked[1].seq == 3
+    assert ranked[0].matched_by == ["text", "meaning"] and ranked[1].matched_by == ["meaning"]
 
 
 def test_a_passage_is_bounded_and_centred_on_the_matched_words() -> None:

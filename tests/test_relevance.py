@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -54,6 +55,29 @@ def test_top_result_is_the_answer_for_most_queries(
     data, prefix, keys = stored
     score, missed = recall_at_k(data, prefix, keys, client.retrieve_memory, k=1)
     assert score >= 0.6, f"recall@1 = {score:.2f}; missed:\n" + "\n".join(missed)
+
+
+def test_among_near_twins_the_episode_with_the_attribute_asked_for_ranks_first(
+    stored: tuple[Dataset, str, dict[str, str]], client: MemoryClient
+) -> None:
+    """A dozen episodes of one frame ("my boss's phone …", "我上司的生日 …"): words of the frame are in every
+    one of this user's episodes and weigh as such, whatever other users wrote."""
+    data, prefix, keys = stored
+    assert {q.user for q in data.twins} == {"carol", "zhao"} and len(data.twins) >= 20
+    first, missed = recall_at_k(data, prefix, keys, client.retrieve_memory, k=1, queries=data.twins)
+    assert first >= 0.95, f"near-twins hit@1 = {first:.3f}; missed:\n" + "\n".join(missed)
+
+
+def test_small_talk_before_a_question_costs_at_most_two_points(
+    stored: tuple[Dataset, str, dict[str, str]], client: MemoryClient
+) -> None:
+    data, prefix, keys = stored
+    chinese = [q for q in data.chatty if any("\u4e00" <= c <= "\u9fff" for c in q.text)]
+    assert len(chinese) >= 20 and len(data.chatty) - len(chinese) >= 20
+    alone = [replace(q, text=q.alone or "") for q in data.chatty]
+    with_talk, missed = recall_at_k(data, prefix, keys, client.retrieve_memory, k=5, queries=data.chatty)
+    without, _ = recall_at_k(data, prefix, keys, client.retrieve_memory, k=5, queries=alone)
+    assert with_talk >= without - 0.02, f"{without:.3f} alone, {with_talk:.3f} after small talk; missed {missed}"
 
 
 def test_an_episode_is_found_by_words_of_its_content_that_name_no_entity(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 import jieba
 import pytest
@@ -185,29 +184,6 @@ def test_delete_user_removes_everything_and_keeps_others(store: Neo4jGraphStore,
     assert left == 0
     assert (store.stats(kept).episodes, store.stats(kept).entities) == (1, 1)
     assert store.delete_user(gone).episodes == 0  # idempotent
-
-
-def test_entities_named_by_the_query_add_to_the_ranking_when_weighted(
-    store: Neo4jGraphStore, new_user: NewUser
-) -> None:
-    user = new_user("ent")
-    text_only = record(user, "lisbon lisbon lisbon lisbon", summary="lisbon lisbon")
-    both = record(user, "we talked about moving to lisbon next year and other plans", summary="moving plans")
-    store.save_episode(text_only, [], [])
-    store.save_episode(both, entities("Lisbon"), [])
-    for i in range(3):  # other episodes, so that Lisbon is informative (mentioned by fewer than half)
-        store.save_episode(record(user, f"coffee number {i}"), [], [])
-    default = store.search(user, ["lisbon"], "lisbon", 5)
-    assert [e.id for e in default.related_episodes] == [text_only.id, both.id]  # BM25 alone: tf wins
-    assert all(e.matched_by == ["text"] for e in default.related_episodes)
-    store.weights = replace(store.weights, entities=1.0)
-    try:
-        context = store.search(user, ["lisbon"], "lisbon", 5)
-    finally:
-        store.weights = replace(store.weights, entities=0.0)
-    assert [e.id for e in context.related_episodes] == [both.id, text_only.id]
-    assert context.related_episodes[0].matched_by == ["text", "entity:Lisbon"]
-    assert context.related_episodes[0].score > context.related_episodes[1].score
 
 
 def test_limit_is_respected_and_the_first_results_do_not_depend_on_it(

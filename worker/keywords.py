@@ -37,6 +37,7 @@ class Keywords:
     words: list[str]
     source: Source
     llm_timed_out: bool = False
+    expansion: tuple[str, ...] = ()  # the LLM's words (fresh or cached): recall searches their terms too
 
 
 def local_keywords(query: str, max_keywords: int) -> list[str]:
@@ -95,7 +96,7 @@ class KeywordExtractor:
         key = keywords_cache(tag, self._digest(query))
         cached = self._cache_get(key)
         if cached is not None:
-            return Keywords(merge(local, cached, limit), "local+cache")
+            return Keywords(merge(local, cached, limit), "local+cache", expansion=tuple(cached))
         future = self._calls.submit(key, lambda: self._ask_and_cache(key, query, tag, started))
         if future is None:  # too many calls pending already: answer without
             return Keywords(local, "local", llm_timed_out=True)
@@ -107,7 +108,7 @@ class KeywordExtractor:
         except Exception as exc:
             log.warning("llm keywords failed", extra={"error_class": type(exc).__name__})
             return Keywords(local, "local")
-        return Keywords(merge(local, from_llm, limit), "local+llm")
+        return Keywords(merge(local, from_llm, limit), "local+llm", expansion=tuple(from_llm))
 
     def _digest(self, query: str) -> str:
         material = f"{self._settings.llm_model}\x1f{self._template.version}\x1f{query}"

@@ -82,14 +82,10 @@ class Settings(BaseSettings):
         300, ge=1, le=60_000, description="Time recall waits for the query's embedding (else lexical only)."
     )
     recall_dense_weight: float = Field(
-        0.25, ge=0.0, le=10.0, description="Weight of embedding similarity in recall's ranking (with a model)."
-    )
-    recall_entity_weight: float | None = Field(
-        None,
+        1.0,
         ge=0.0,
         le=10.0,
-        description="Weight of the entities a query names in recall's ranking (unset: 0.05 with an embedding "
-        "model, else 0; measured, see README, Recall quality).",
+        description="Weight of the embedding list in recall's rank fusion (with a model; the text list weighs 1).",
     )
 
     max_messages: int = Field(500, ge=1, le=100_000, description="Most messages accepted in one episode.")
@@ -262,13 +258,6 @@ class Settings(BaseSettings):
         if value is not None and not value.is_file():
             raise ValueError(f"no such file: {value}")
         return value
-
-    @property
-    def entity_weight(self) -> float:
-        """The entity weight in force: with embeddings the two signals together measured better than either."""
-        if self.recall_entity_weight is not None:
-            return self.recall_entity_weight
-        return 0.05 if self.embedding_model else 0.0
 
     @property
     def silent_episode_s(self) -> float:

@@ -60,9 +60,9 @@ class Batcher(Generic[W]):
         """Answer each item (set its result or error); raising fails what it left unanswered."""
         raise NotImplementedError
 
-    def key(self, item: W) -> Hashable | None:
-        """Items with the same key are never in one batch (a later one waits for the next); None: any."""
-        return None
+    def keys(self, item: W) -> tuple[Hashable, ...]:
+        """Items that share a key are never in one batch (a later one waits for the next); none: any."""
+        return ()
 
     def _hand_over(self, item: W) -> Any:
         """The item's result, once its batch is handled (its error raised)."""
@@ -130,16 +130,15 @@ class Batcher(Generic[W]):
         linger_s (a gap of gap_s ends it), up to max_batch."""
         batch: list[W] = []
         later: list[W] = []
-        keys: set[Hashable] = set()
+        taken: set[Hashable] = set()
 
         def take(item: W) -> None:
-            key = self.key(item)
-            if (key is not None and key in keys) or len(batch) >= self._max_batch:
+            keys = self.keys(item)
+            if taken.intersection(keys) or len(batch) >= self._max_batch:
                 later.append(item)
             else:
                 batch.append(item)
-                if key is not None:
-                    keys.add(key)
+                taken.update(keys)
 
         for item in deferred:
             take(item)

@@ -2,25 +2,66 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from worker.graph import cypher
+from worker.graph.lucene import MAX_QUERY_TERMS
 from worker.terms import terms
 from worker.timeframe import Period
 
 CANDIDATES = 100  # per candidate list, whatever the limit: a ranking must not depend on how many are asked
+# Of a candidate window's stored terms, what is read back to rescore it (messages can be 20k characters).
+MAX_WINDOW_TERM_CHARS = 16_000
 
 
-def search_terms(keywords: Sequence[str], text: str) -> list[str]:
-    """What recall searches for: the terms of the query text, then those of the keywords."""
-    return terms(text) + [t for k in keywords for t in terms(k)]
+def query_terms(text: str, expansion: Sequence[str] = ()) -> dict[str, int]:
+    """What recall searches for: each term of the query with how often the query says it (a word said three
+    times in a conversation weighs more), then the terms of `expansion` (keywords) the query lacks, once.
+    Local keywords' terms are the query's own, so they count once, not twice (measured: no change).
+    Every term counts, however long the query (the first 64 only, before: a question after a paragraph of
+    small talk was not searched); past MAX_QUERY_TERMS the latest are kept, nearest to the question."""
+    said = terms(text)
+    counts = Counter(said)
+    for term in (t for word in expansion for t in terms(word)):
+        if term not in counts:
+            counts[term] = 1
+            said.append(term)
+    if len(counts) > MAX_QUERY_TERMS:
+        last = {t: i for i, t in enumerate(said)}
+        kept = set(sorted(last, key=lambda t: -last[t])[:MAX_QUERY_TERMS])
+        counts = Counter({t: n for t, n in counts.items() if t in kept})  # in the query's order still
+    return dict(counts)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """What the candidate read found for one recall, before fusion (worker/graph/fusion.py)."""
+
+    windows: list[tuple[str, int, str]]  # (episode id, window seq, the window's stored terms), Lucene's best first
+    windows_total: int  # the user's search windows: BM25 statistics are the user's own (worker/graph/bm25.py)
+    episodes: list[str]  # episode ids by whole-episode BM25, best first
+    in_period: list[str]  # episodes that happened in the period the query names, latest first
+    dense: list[tuple[str, float, int]]  # (episode id, cosine, window seq) of the nearest windows, best first
+    query: dict[str, int] = field(default_factory=dict)  # the query's terms and counts
+
+    @classmethod
+    def from_row(cls, row: Any, query: dict[str, int]) -> Candidates:
+        return cls(
+            windows=[(str(i), int(q), str(t or "")) for i, q, t in row["windows"]],
+            windows_total=int(row["windows_total"]),
+            episodes=[str(i) for i in row["episodes"]],
+            in_period=[str(i) for i in row["in_period"]],
+            dense=[(str(i), float(sc), int(q)) for i, sc, q in row["dense"]],
+            query=query,
+        )
 
 
 def candidate_params(
     *,
     terms_lucene: str | None,
-    entity_lucene: str | None,
     period: Period | None,
     vector: Sequence[float] | None,
     user_id: str,
@@ -28,13 +69,11 @@ def candidate_params(
     """The candidate read's parameters: a None list is one the read leaves out."""
     return {
         "terms": terms_lucene,
-        "entity_query": entity_lucene,
         "period_from": period.start if period else None,
         "period_to": period.end if period else None,
         "vector": list(vector) if vector is not None else None,
         "k": CANDIDATES,
-        "k_entities": CANDIDATES,
-        "k_mentions": CANDIDATES * 4,
+        "max_term_chars": MAX_WINDOW_TERM_CHARS,
         "user_id": user_id,
     }
 
@@ -43,6 +82,5 @@ def candidates_statement(params: dict[str, Any]) -> str:
     return cypher.candidates_query(
         text=params["terms"] is not None,
         period=params["period_from"] is not None,
-        entities=params["entity_query"] is not None,
         dense=params["vector"] is not None,
     )

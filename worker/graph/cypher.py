@@ -194,25 +194,27 @@ RELEASE_CLAIMS = "UNWIND $ids AS id MATCH (e:Episode {id: id}) REMOVE e.save_tok
 # --- recall path -------------------------------------------------------------------------------------
 
 # Recall, round trip 1: the candidate lists, each filtered by user_id (the Lucene queries also carry
-# +user_tag:<tag>). Search windows (a message with its neighbours) score their episode by the best window;
-# whole episodes score by BM25 too; episodes that happened in the period the query names; episodes that
-# mention entities the query names, with how many episodes mention each (an entity everywhere says
-# nothing). Fusion is a pure Python function (worker/graph/fusion.py).
+# +user_tag:<tag>). Search windows (a message with its neighbours) come with their stored terms, which
+# worker/graph/bm25.py scores again with the user's own statistics (the user's window count comes along);
+# whole episodes score by Lucene's BM25; episodes that happened in the period the query names; with
+# embeddings, the nearest windows. Fusion is a pure Python function (worker/graph/fusion.py).
 _WINDOWS = f"""
 CALL () {{
-  CALL db.index.fulltext.queryNodes('{CHUNK_TERMS}', $terms, {{limit: $k}}) YIELD node, score
+  CALL db.index.fulltext.queryNodes('{CHUNK_TERMS}', $terms, {{limit: $k}}) YIELD node
   WHERE node.user_id = $user_id
-  WITH node.episode_id AS id, node.seq AS seq, score ORDER BY score DESC
-  WITH id, collect(seq)[0] AS seq, max(score) AS score
-  RETURN collect([id, score, seq]) AS windows  // lists, not maps: no key strings to send per row
+  RETURN collect([node.episode_id, node.seq, left(node.terms, $max_term_chars)]) AS windows
+}}
+CALL () {{
+  MATCH (c:Chunk {{user_id: $user_id}})
+  RETURN count(c) AS windows_total
 }}
 CALL () {{
   CALL db.index.fulltext.queryNodes('{EPISODE_TERMS}', $terms, {{limit: $k}}) YIELD node, score
   WHERE node.user_id = $user_id
-  RETURN collect([node.id, score]) AS episodes
+  RETURN collect(node.id) AS episodes  // best first
 }}
 """
-_NO_WINDOWS = "WITH [] AS windows, [] AS episodes\n"
+_NO_WINDOWS = "WITH [] AS windows, 0 AS windows_total, [] AS episodes\n"
 
 _PERIOD = """
 CALL () {
@@ -222,27 +224,7 @@ CALL () {
   RETURN collect(e.id) AS in_period
 }
 """
-_NO_PERIOD = "WITH windows, episodes, [] AS in_period\n"
-
-# An entity that more than half of the user's episodes mention says nothing about any one of them: it is
-# left out before its mentions are read, which also bounds the cost as a user's history grows.
-_ENTITIES = f"""
-CALL () {{
-  MATCH (e:Episode {{user_id: $user_id}})
-  RETURN count(e) AS episodes_total
-}}
-CALL (episodes_total) {{
-  CALL db.index.fulltext.queryNodes('{ENTITY_FULLTEXT}', $entity_query, {{limit: $k_entities}}) YIELD node
-  WHERE node.user_id = $user_id
-  WITH node, COUNT {{ (node)<-[:MENTIONS]-() }} AS df
-  WHERE df * 2 <= episodes_total
-  MATCH (ep)-[:MENTIONS]->(node)  // MENTIONS only leaves episodes: no label check per row
-  WHERE ep.user_id = $user_id
-  WITH ep, node, df ORDER BY df, ep.id LIMIT $k_mentions
-  RETURN collect([ep.id, node.name, df]) AS mentions
-}}
-"""
-_NO_ENTITIES = "WITH windows, episodes, in_period, [] AS mentions, 0 AS episodes_total\n"
+_NO_PERIOD = "WITH windows, windows_total, episodes, [] AS in_period\n"
 
 # Exact cosine over the user's own windows: Neo4j 5.26's vector indexes cannot filter by user before they
 # pick their nearest neighbours, so a shared index would return other users' windows and miss this user's.
@@ -258,25 +240,24 @@ CALL () {
   RETURN collect([id, score, seq]) AS dense
 }
 """
-_NO_DENSE = "WITH windows, episodes, in_period, mentions, episodes_total, [] AS dense\n"
+_NO_DENSE = "WITH windows, windows_total, episodes, in_period, [] AS dense\n"
 
-_CANDIDATES_RETURN = "RETURN windows, episodes, in_period, mentions, episodes_total, dense\n"
+_CANDIDATES_RETURN = "RETURN windows, windows_total, episodes, in_period, dense\n"
 
 
-def candidates_query(*, text: bool, period: bool, entities: bool, dense: bool) -> str:
+def candidates_query(*, text: bool, period: bool, dense: bool) -> str:
     """The candidate read with only the lists this recall uses (each part is a constant of this module)."""
     return (
         (_WINDOWS if text else _NO_WINDOWS)
         + (_PERIOD if period else _NO_PERIOD)
-        + (_ENTITIES if entities else _NO_ENTITIES)
         + (_DENSE if dense else _NO_DENSE)
         + _CANDIDATES_RETURN
     )
 
 
 # Round trip 2: the winners in their order, with the passage that matched (their best window), their
-# entities, the strongest one-hop neighbours of the entities the query matched and of the best episode's
-# entities (at most $max_seeds seeds), and the relations among them.
+# entities, the strongest one-hop neighbours of the best episode's entities (at most $max_seeds seeds), and
+# the relations among them.
 DETAILS = """
 UNWIND range(0, size($hits) - 1) AS rank
 WITH rank, $hits[rank] AS hit
@@ -297,10 +278,8 @@ CALL (eps) {
   WITH rank, n ORDER BY rank, n.uid  // ties broken by key: the same memory gives the same answer, however stored
   RETURN collect(DISTINCT n) AS mentioned, collect(DISTINCT CASE WHEN rank = 0 THEN n END) AS first
 }
-// one hop out of what the query is about: the entities it matched, then the best episode's entities
-WITH episodes, mentioned,
-     ([n IN mentioned WHERE n.name IN $matched_names] + [n IN first WHERE NOT n.name IN $matched_names])[..$max_seeds]
-     AS seeds
+// one hop out of what the query is about: the best episode's entities
+WITH episodes, mentioned, first[..$max_seeds] AS seeds
 CALL (mentioned, seeds) {
   UNWIND seeds AS a
   MATCH (a)-[r:RELATED_TO]-(b)  // RELATED_TO only joins entities of one user (checked again in Python)

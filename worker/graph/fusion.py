@@ -1,33 +1,38 @@
 """Fuse recall's candidate lists into one ranking: a pure function, so it can be read, tested and tuned alone.
 
-Each list's scores are divided by that list's best score (BM25 values are not comparable across queries
-or indexes), then weighted and added. The weights were measured on LoCoMo's dev split (see README, "Recall
-quality"): the best search window of an episode leads; the whole episode's BM25 adds to it; an episode
-that happened in the period the query names gets a fixed bonus. Entities the query names can add by how
-informative they are for this user (inverse episode frequency): alone it lowered recall on LoCoMo at every
-weight tried (offline extractor), together with embeddings 0.05 raised it, so its default is 0.05 with an
-embedding model and 0 without (MEMORY_RECALL_ENTITY_WEIGHT overrides). Embedding similarities of the best
-windows are spread to 0..1 over the candidates and added with MEMORY_RECALL_DENSE_WEIGHT. Ties go to the
-episode id, so a ranking never depends on the limit.
+Reciprocal rank fusion (Cormack et al., SIGIR 2009): a list adds weight / (k + rank) to each episode it ranks,
+so lists whose scores are not comparable (BM25 of windows and of whole episodes, cosine similarities) are fused
+by rank alone, with no scale to normalise and no weight fitted to one dataset (k = 60 as in the paper, every
+weight 1). In two steps, so that two views of the same words count as one signal beside meaning and time:
+
+- text: episodes by their best search window (BM25 with the user's own statistics, worker/graph/bm25.py) and
+  by whole-episode BM25 (Lucene's), fused;
+- then the text ranking, the episodes that happened in the period the query names (in the order the text
+  ranks them, those it does not rank after, latest first), and the nearest windows by embedding (with
+  MEMORY_EMBEDDING_MODEL), fused.
+
+Entities the query names were a list too; measured on every dev set they lowered recall and were removed.
+Ties go to the episode id, so a ranking never depends on the limit. Figures: tests/benchmarks/README.md.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+
+from worker.graph.bm25 import best_windows
+from worker.graph.candidates import Candidates
+
+RRF_K = 60
 
 
 @dataclass(frozen=True)
 class FusionWeights:
-    windows: float = 1.0
-    episodes: float = 0.5
-    period: float = 0.3
-    # embedding similarity of the best window (only with MEMORY_EMBEDDING_MODEL; measured: 0.25 keeps
-    # recall_any@5 and lifts @10 on LoCoMo, 0.5 and more lower @5)
-    dense: float = 0.0
-    entities: float = 0.0  # without embeddings 0.02–0.1 cost 0.3–0.4 points of recall_any@5 on LoCoMo
+    windows: float = 1.0  # within the text ranking
+    episodes: float = 1.0  # within the text ranking
+    period: float = 1.0
+    dense: float = 0.0  # MEMORY_RECALL_DENSE_WEIGHT (1) when an embedding model is configured
+    k: int = RRF_K
 
     @property
     def text(self) -> bool:
@@ -42,82 +47,44 @@ class Ranked:
     matched_by: list[str] = field(default_factory=list)
 
 
-def _normalised(scores: dict[str, float]) -> dict[str, float]:
-    top = max(scores.values(), default=0.0)
-    return {k: v / top for k, v in scores.items()} if top > 0 else {}
+def _by_score(scores: dict[str, float]) -> list[str]:
+    return [k for k, _ in sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
-def _spread(scores: dict[str, float]) -> dict[str, float]:
-    """Similarities → 0..1 over the candidates (cosine values of one model sit in a narrow band, so dividing
-    by the best would flatten them)."""
-    if not scores:
-        return {}
-    low, high = min(scores.values()), max(scores.values())
-    if high <= low:
-        return dict.fromkeys(scores, 1.0)
-    return {k: (v - low) / (high - low) for k, v in scores.items()}
+def _add(total: dict[str, float], ranking: Iterable[str], weight: float, k: int) -> None:
+    if weight > 0:
+        for rank, key in enumerate(ranking, 1):
+            total[key] = total.get(key, 0.0) + weight / (k + rank)
 
 
-def entity_scores(
-    mentions: Sequence[dict[str, Any]], episodes_total: int
-) -> tuple[dict[str, float], dict[str, list[str]]]:
-    """Per episode: the sum of log(N / df) over the matched entities it mentions, and their names."""
-    scores: dict[str, float] = {}
-    names: dict[str, list[str]] = {}
-    total = max(episodes_total, 1)
-    for row in mentions:
-        idf = math.log(total / max(int(row["df"]), 1))
-        if idf <= 0:
-            continue
-        scores[row["id"]] = scores.get(row["id"], 0.0) + idf
-        names.setdefault(row["id"], []).append(str(row["name"]))
-    return scores, names
-
-
-def fuse(
-    *,
-    windows: Sequence[dict[str, Any]],
-    episodes: Sequence[dict[str, Any]],
-    in_period: Sequence[str],
-    mentions: Sequence[dict[str, Any]],
-    episodes_total: int,
-    weights: FusionWeights,
-    limit: int,
-    dense: Sequence[dict[str, Any]] = (),
-) -> list[Ranked]:
+def fuse(candidates: Candidates, weights: FusionWeights, limit: int) -> list[Ranked]:
     """The best `limit` episodes, best first."""
-    by_window = _normalised({w["id"]: float(w["score"]) for w in windows})
-    seqs = {d["id"]: int(d["seq"]) for d in dense}
-    seqs.update({w["id"]: int(w["seq"]) for w in windows})  # the lexical best window is the passage shown
-    by_dense = _spread({d["id"]: float(d["score"]) for d in dense})
-    by_episode = _normalised({e["id"]: float(e["score"]) for e in episodes})
-    by_entity_raw, names = entity_scores(mentions, episodes_total)
-    by_entity = _normalised(by_entity_raw)
-    period = set(in_period)
+    windows = best_windows(candidates.query, candidates.windows, candidates.windows_total)
+    dense: dict[str, tuple[float, int]] = {}
+    for key, similarity, nearest in candidates.dense:
+        if key not in dense or similarity > dense[key][0]:
+            dense[key] = (similarity, nearest)
 
+    text_scores: dict[str, float] = {}
+    _add(text_scores, _by_score({key: score for key, (score, _) in windows.items()}), weights.windows, weights.k)
+    _add(text_scores, dict.fromkeys(candidates.episodes), weights.episodes, weights.k)
+    text = _by_score(text_scores)
     total: dict[str, float] = {}
-    lists = (
-        (by_window, weights.windows),
-        (by_episode, weights.episodes),
-        (by_entity, weights.entities),
-        (by_dense, weights.dense),
-    )
-    for scores, weight in lists:
-        if weight > 0:
-            for key, value in scores.items():
-                total[key] = total.get(key, 0.0) + weight * value
-    if weights.period > 0:
-        for key in period:
-            total[key] = total.get(key, 0.0) + weights.period
+    _add(total, text, 1.0, weights.k)
+    period = set(candidates.in_period)
+    found = set(text)
+    then = [key for key in text if key in period] + [key for key in candidates.in_period if key not in found]
+    _add(total, then, weights.period, weights.k)
+    _add(total, _by_score({key: s for key, (s, _) in dense.items()}), weights.dense, weights.k)
 
     ranked = sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
     out = []
     for key, score in ranked:
-        matched = ["text"] if key in by_window or key in by_episode else []
-        if key in by_dense and weights.dense > 0:
+        matched = ["text"] if key in found else []
+        if key in dense and weights.dense > 0:
             matched.append("meaning")
-        if key in period:
+        if key in period and weights.period > 0:
             matched.append("time")
-        matched.extend(f"entity:{n}" for n in dict.fromkeys(names.get(key, ())))
-        out.append(Ranked(key, round(score, 6), seqs.get(key), matched))
+        seq: int | None = windows[key][1] if key in windows else dense[key][1] if key in dense else None
+        out.append(Ranked(key, round(score, 6), seq, matched))
     return out

@@ -72,14 +72,15 @@ class GroupCommit(Batcher[_Pending]):
         result: SaveResult = self._hand_over(_Pending((record, entities, relationships), progress))
         return result
 
-    def key(self, item: _Pending) -> Hashable:
-        """At most one episode per session (and so per episode id) in a batch: the session line a send is
-        checked against is then the one stored, exactly as if the sends were written one by one."""
-        return (item.write[0].user_id, item.write[0].session_id)
+    def keys(self, item: _Pending) -> tuple[Hashable, ...]:
+        """At most one episode per session and one per episode id in a batch: the session line a send is
+        checked against is then the one stored, and a second send of an id (another user's, another
+        session's) is claimed and checked after the first, exactly as if the sends were written one by one."""
+        record = item.write[0]
+        return (("session", record.user_id, record.session_id), ("episode", record.id))
 
     def handle(self, items: list[_Pending]) -> None:
-        progress = {p.episode_id: p.progress for p in items if p.progress is not None}
-        results = self._store.save_episodes([p.write for p in items], progress)
+        results = self._store.save_episodes([p.write for p in items], [p.progress for p in items])
         for p, result in zip(items, results, strict=True):
             p.result = result
         try:  # committed: a failure to count it must not write the batch again

@@ -17,6 +17,9 @@ _ANALYSED_TERM = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+")
 # Terms of free text in one query: each becomes a clause per field of the index (three for entities), next to
 # up to 32 keyword phrases, all under Lucene's limit of 1,024 clauses.
 MAX_TEXT_TERMS = 200
+# Unique terms one query searches: a conversation pasted as the query keeps every term up to this (Lucene's
+# limit is 1,024 clauses in all); past it worker/graph/candidates.py keeps the latest, nearest to the question.
+MAX_QUERY_TERMS = 256
 
 
 def content_terms(text: str) -> str:
@@ -64,7 +67,7 @@ def build_query(
     return f"+user_tag:{user_tag} +({' '.join(clauses)})"
 
 
-def terms_query(user_tag: str, words: Sequence[str], *, max_terms: int = 64) -> str | None:
+def terms_query(user_tag: str, words: Sequence[str], *, max_terms: int = MAX_QUERY_TERMS) -> str | None:
     """`+user_tag:<tag> +(<term> ...)` over already analysed terms (worker/terms.py), or None when there are
     none. Terms hold only letters and digits; they are escaped all the same."""
     unique = list(dict.fromkeys(w for w in words if _HAS_WORD.search(w)))[:max_terms]

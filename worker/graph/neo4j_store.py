@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -15,13 +14,13 @@ from neo4j.exceptions import ClientError
 from pydantic import ValidationError
 
 from worker.graph import cypher
-from worker.graph.candidates import CANDIDATES, candidate_params, candidates_statement, search_terms
+from worker.graph.candidates import CANDIDATES, Candidates, candidate_params, candidates_statement, query_terms
 from worker.graph.erase import UserErasure
 from worker.graph.errors import translated
 from worker.graph.facts import KnownFactsReader
 from worker.graph.forget import ForgetCounts, forget_transaction
 from worker.graph.fusion import FusionWeights, Ranked, fuse
-from worker.graph.lucene import build_query, terms_query
+from worker.graph.lucene import terms_query
 from worker.graph.params import EpisodeWrite, reindex_rows
 from worker.graph.passage import snippet
 from worker.graph.portable import Portability
@@ -100,7 +99,6 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
             pool_size=settings.neo4j_pool_size,
             tx_timeout_s=settings.neo4j_tx_timeout_s,
             weights=FusionWeights(
-                entities=settings.entity_weight,
                 dense=settings.recall_dense_weight if settings.embedding_model else 0.0,
             ),
         )
@@ -146,19 +144,17 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
                 # the same parameters, and so the same cached plan, as a real search (types included)
                 params = candidate_params(
                     terms_lucene="+user_tag:none +(none)" if w.text else None,
-                    entity_lucene="+user_tag:none +(none)" if w.entities > 0 else None,
                     period=period if w.period > 0 else None,
                     vector=[0.0] * 384 if w.dense > 0 else None,  # the size bucket of common models' vectors
                     user_id="",
                 )
                 session.run(candidates_statement(params), params).consume()
             # Plans are cached per parameter types, and for lists per size bucket (0, 1, 2–10, 11–100).
-            for hits, names in itertools.product((1, 5, 20), (0, 1, 5)):
+            for hits in (1, 5, 20):
                 session.run(
                     cypher.DETAILS,
                     hits=[{"id": "", "seq": 0}] * hits,
                     max_window_chars=1,
-                    matched_names=[""] * names,
                     user_id="",
                     as_of=None,
                     limit=1,
@@ -176,34 +172,44 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
         relationships: Sequence[Relationship],
         progress: SessionProgress | None = None,
     ) -> SaveResult:
-        return self.save_episodes([(record, entities, relationships)], {record.id: progress} if progress else {})[0]
+        return self.save_episodes([(record, entities, relationships)], [progress])[0]
 
     def save_episodes(
-        self, writes: Sequence[EpisodeWrite], progress: Mapping[str, SessionProgress] | None = None
+        self, writes: Sequence[EpisodeWrite], progress: Sequence[SessionProgress | None] | None = None
     ) -> list[SaveResult]:
         """Several episodes in one transaction: the fulltext-index refresh and the commit are paid once.
 
-        `progress` maps an episode id to the session line its send leaves. Under the user's and the
+        `progress[i]`, when given, is the session line the send of writes[i] leaves. Under the user's and the
         session's locks, an episode accepted before its user was erased, or whose messages the session
         already holds, or whose session moved since its extraction, is not written (write_checks.py). An
         episode whose id is already stored is left as it is: `exists` for the same send, `conflict` for
         other content. One whose id belongs to another user is refused with StoreRequestError and nothing
-        of the batch is written.
+        of its transaction is written. The same id twice is saved as two sends one after the other: the
+        later in a transaction after the earlier's, so that its claim and checks run as they would alone
+        (once, the first write per id won and the later one was reported stored, unchecked).
         """
-        if not writes:
-            return []
-        first: dict[str, EpisodeWrite] = {}
-        for write in writes:
-            first.setdefault(write[0].id, write)  # the same episode twice in one batch is saved once
-        token = uuid.uuid4().hex
-        now = datetime.now(UTC)
-        lines = {k: v for k, v in (progress or {}).items() if k in first}
-
-        with translated("save_episodes"), self._session() as session:
-            by_id = self._write(session, save_transaction, first, lines, token, now)
-        return [
-            by_id[w[0].id] if first[w[0].id] is w else SaveResult(episode_id=w[0].id, created=False) for w in writes
-        ]
+        lines = list(progress) if progress is not None else [None] * len(writes)
+        if len(lines) != len(writes):
+            raise ValueError(f"{len(lines)} session lines for {len(writes)} episodes")
+        results: list[SaveResult | None] = [None] * len(writes)
+        pending = list(range(len(writes)))
+        while pending:
+            now_ids: dict[str, int] = {}
+            later = []
+            for i in pending:
+                if writes[i][0].id in now_ids:
+                    later.append(i)
+                else:
+                    now_ids[writes[i][0].id] = i
+            first = {episode_id: writes[i] for episode_id, i in now_ids.items()}
+            given = {episode_id: line for episode_id, i in now_ids.items() if (line := lines[i]) is not None}
+            token, now = uuid.uuid4().hex, datetime.now(UTC)
+            with translated("save_episodes"), self._session() as session:
+                by_id = self._write(session, save_transaction, first, given, token, now)
+            for episode_id, i in now_ids.items():
+                results[i] = by_id[episode_id]
+            pending = later
+        return [r for r in results if r is not None]
 
     def reindex(self, batch: int = 500) -> tuple[int, int]:
         """Give episodes stored before search terms existed their terms and search windows, in pages by id
@@ -269,40 +275,22 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
         period: Period | None = None,
         vector: Sequence[float] | None = None,
         as_of: datetime | None = None,
+        expansion: Sequence[str] = (),
     ) -> MemoryContext:
         """Two reads: the candidate lists (fused in Python, fusion.py), then the winners' details. as_of: the
-        answer as of that time (episodes that happened by then; facts true then current, later ones left out)."""
+        answer as of that time (episodes that happened by then; facts true then current, later ones left out).
+        The terms of `keywords` and `expansion` (LLM keywords) the text lacks are searched too."""
         if limit <= 0:
             return MemoryContext()
-        tag = user_tag(user_id)
-        weights = self.weights
-        words = search_terms(keywords, text)
-        terms_lucene = terms_query(tag, words) if weights.text else None
-        entity_lucene = build_query(tag, keywords, text) if weights.entities > 0 else None
-        use_period = period is not None and weights.period > 0
-        use_dense = vector is not None and weights.dense > 0
-        if terms_lucene is None and entity_lucene is None and not use_period and not use_dense:
-            return MemoryContext()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        params = candidate_params(
-            terms_lucene=terms_lucene,
-            entity_lucene=entity_lucene,
-            period=period if use_period else None,
-            vector=vector if use_dense else None,
-            user_id=user_id,
-        )
         with translated("search"), self._read_session() as session:
-            row = session.run(Query(candidates_statement(params), timeout=timeout_s), params).single(strict=True)
-            ranked = fuse(
-                windows=[{"id": i, "score": sc, "seq": q} for i, sc, q in row["windows"]],
-                episodes=[{"id": i, "score": sc} for i, sc in row["episodes"]],
-                in_period=row["in_period"],
-                mentions=[{"id": i, "name": n, "df": df} for i, n, df in row["mentions"]],
-                episodes_total=row["episodes_total"],
-                dense=[{"id": i, "score": sc, "seq": q} for i, sc, q in row["dense"]],
-                weights=weights,
-                limit=limit * AS_OF_CANDIDATES if as_of is not None else limit,  # later episodes are left out
+            found = self._candidates(
+                session, user_id, keywords, text, timeout_s, period, vector, expansion, self.weights
             )
+            if found is None:
+                return MemoryContext()
+            # with as_of, later episodes are left out by the details read: more are fused than asked for
+            ranked = fuse(found, self.weights, limit * AS_OF_CANDIDATES if as_of is not None else limit)
             if not ranked:
                 return MemoryContext()
             left = None if deadline is None else max(0.05, deadline - time.monotonic())
@@ -310,7 +298,6 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
                 Query(cypher.DETAILS, timeout=left),
                 hits=[{"id": r.id, "seq": r.seq} for r in ranked],
                 max_window_chars=MAX_WINDOW_CHARS,
-                matched_names=[n[len("entity:") :] for r in ranked for n in r.matched_by if n.startswith("entity:")],
                 user_id=user_id,
                 as_of=as_of,
                 limit=limit,
@@ -318,7 +305,53 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
                 max_neighbours=limit * 2,
                 max_seeds=max(limit, 5),  # each seed costs a scan of its RELATED_TO edges
             ).single(strict=True)
-        return self._context(details, ranked, limit, words)
+        return self._context(details, ranked, limit, list(found.query))
+
+    def candidates(
+        self,
+        user_id: str,
+        text: str,
+        *,
+        keywords: Sequence[str] = (),
+        timeout_s: float | None = None,
+        period: Period | None = None,
+        vector: Sequence[float] | None = None,
+        expansion: Sequence[str] = (),
+    ) -> Candidates | None:
+        """The candidate read alone (None when the query has nothing to search): what search() fuses, for
+        benchmarks that fuse one read under many weightings."""
+        with translated("search"), self._read_session() as session:
+            return self._candidates(
+                session, user_id, keywords, text, timeout_s, period, vector, expansion, self.weights
+            )
+
+    def _candidates(
+        self,
+        session: Session,
+        user_id: str,
+        keywords: Sequence[str],
+        text: str,
+        timeout_s: float | None,
+        period: Period | None,
+        vector: Sequence[float] | None,
+        expansion: Sequence[str],
+        weights: FusionWeights,
+    ) -> Candidates | None:
+        tag = user_tag(user_id)
+        query = query_terms(text, [*keywords, *expansion])
+        terms_lucene = terms_query(tag, list(query)) if weights.text else None
+        use_period = period is not None and weights.period > 0
+        use_dense = vector is not None and weights.dense > 0
+        if terms_lucene is None and not use_period and not use_dense:
+            return None
+        params = candidate_params(
+            terms_lucene=terms_lucene,
+            period=period if use_period else None,
+            vector=vector if use_dense else None,
+            user_id=user_id,
+        )
+        row = session.run(Query(candidates_statement(params), timeout=timeout_s), params).single(strict=True)
+        return Candidates.from_row(row, query)
 
     def remembered(self, user_id: str, limit: int = 20) -> MemoryContext:
         """What is kept about a user: the most mentioned entities and the strongest relationships (no episodes)."""
@@ -392,7 +425,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
     def run_bare_fulltext(self, user_id: str, keywords: Sequence[str], text: str, k: int = CANDIDATES) -> list[str]:
         """The bare fulltext query of recall's main list: the same Lucene query over the search windows with
         the same k, and nothing else (benchmarks use it as the latency floor)."""
-        query = terms_query(user_tag(user_id), search_terms(keywords, text))
+        query = terms_query(user_tag(user_id), list(query_terms(text, keywords)))
         if query is None:
             return []
         with translated("bare_fulltext"), self._read_session() as session:

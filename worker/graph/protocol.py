@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Protocol
 
 from worker.models import (
@@ -26,7 +27,7 @@ class GraphStore(Protocol):
     def save_episodes(
         self,
         writes: Sequence[tuple[EpisodeRecord, Sequence[Entity], Sequence[Relationship]]],
-        progress: Mapping[str, SessionProgress] | None = None,
+        progress: Sequence[SessionProgress | None] | None = None,
     ) -> list[SaveResult]:
         """Persist episodes with their entities, relationships and session lines in one transaction.
         Idempotent: an episode already stored is left as it is. Each result's outcome says why an
@@ -51,6 +52,8 @@ class GraphStore(Protocol):
         timeout_s: float | None = None,
         period: Period | None = None,
         vector: Sequence[float] | None = None,
+        as_of: datetime | None = None,
+        expansion: Sequence[str] = (),
     ) -> MemoryContext:
         """The user's most relevant episodes for the keywords and text (favouring those that happened in
         `period`, and close in meaning to `vector` when embeddings are configured), with the passages
