@@ -275,7 +275,7 @@ def _save(store: Neo4jGraphStore, writes: list[EpisodeWrite]) -> list[str]:
     """The outcome of each episode of a batch, saved as the persist stage saves them (no session line)."""
     try:
         results = store.save_episodes(writes)
-    except StoreRequestError as exc:  # nothing of the batch was written
+    except StoreRequestError as exc:  # nothing of its transaction was written (a repeated id's earlier one may be)
         raise QueryRejected(
             f"{exc}: episode ids are unique in a deployment; move a user by export, forget, import", "file"
         ) from None

@@ -303,3 +303,25 @@ def test_the_same_episode_id_twice_in_one_save_is_saved_as_two_sends_one_after_t
         }
     assert digests[progress_key(user, "s1")] == "d1"  # the line of the send written, each with its own
     assert digests.get(progress_key(user, "s2"), "") != "d2"  # the second was found stored: its line not moved
+
+
+def test_a_send_held_back_by_one_key_is_not_overtaken_by_a_later_send_of_its_session(
+    store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    """Review of issue 33 item 1: A(s1, e1), B(s2, e1), C(s2, e2). B waits for A's id; C, of B's session,
+    must wait behind B, not be written before it."""
+    commit = GroupCommit(store, max_batch=50, linger_s=0.5, wait_s=60)
+    user = new_user("order")
+    a = record(user, "a", session_id="s1", episode_id="e1")
+    b = record(user, "b", session_id="s2", episode_id="e1")
+    c = record(user, "c", session_id="s2", episode_id="e2")
+    pending = [commit_item(a), commit_item(b), commit_item(c)]
+    batch, later = commit._gather(pending)
+    assert [p.write[0].content for p in batch] == ["a"]
+    assert [p.write[0].content for p in later] == ["b", "c"]
+
+
+def commit_item(r: EpisodeRecord) -> Any:
+    from worker.graph.group_commit import _Pending
+
+    return _Pending((r, [], []), None)

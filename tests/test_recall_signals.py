@@ -75,6 +75,11 @@ def test_time_words_asked_as_of_the_ends_of_the_calendar_name_no_period_and_rais
             assert period is None or period.start < period.end
 
 
+def stored(windows: list[tuple[str, int, str]]) -> list[tuple[str, int, list[str], int]]:
+    """Windows as the candidate read returns them: each stored term string split, and its length."""
+    return [(episode, seq, text.split(), len(text.split())) for episode, seq, text in windows]
+
+
 def _found(
     windows: list[tuple[str, int, str]],
     query: str,
@@ -85,7 +90,7 @@ def _found(
     dense: tuple[tuple[str, float, int], ...] = (),
 ) -> Candidates:
     return Candidates(
-        windows=windows,
+        windows=stored(windows),
         windows_total=total or len(windows),
         episodes=list(episodes),
         in_period=list(in_period),
@@ -102,9 +107,9 @@ def test_fusion_is_reciprocal_rank_fusion_and_breaks_ties_by_id() -> None:
         in_period=("c",),
     )
     ranked = fuse(found, FusionWeights(period=0), limit=5)
-    # text: a is 1st by window and 2nd by episode, b the reverse (a tie, to the id), d 3rd by window only
+    # a is 1st by window and 2nd by episode, b the reverse (the episode list weighs half), d 3rd by window only
     assert [r.id for r in ranked] == ["a", "b", "d"]
-    assert [r.score for r in ranked] == [round(1 / 61 + 1 / 62, 6)] * 2 + [round(1 / 63, 6)]
+    assert [r.score for r in ranked] == [round(1 / 61 + 0.5 / 62, 6), round(1 / 62 + 0.5 / 61, 6), round(1 / 63, 6)]
     assert ranked[0].seq == 2 and ranked[1].seq == 0 and ranked[0].matched_by == ["text"]
     with_time = fuse(found, FusionWeights(), limit=5)
     assert [r.id for r in with_time] == ["a", "b", "c", "d"]  # c: first of the period, no text
@@ -129,12 +134,12 @@ def test_window_bm25_uses_the_users_own_statistics_and_the_querys_term_counts() 
         "birthday",
         "phone",
     ]
-    scores = best_windows(query_terms("boss birthday"), windows, windows_total=2)
+    scores = best_windows(query_terms("boss birthday"), stored(windows), windows_total=2)
     assert scores["birthday"][0] > scores["phone"][0]
     # the user's window count is N: with many windows besides, "boss" weighs again, the term said twice more
-    many = best_windows(query_terms("boss boss birthday"), windows, windows_total=1000)
-    assert many["phone"][0] > best_windows(query_terms("boss boss birthday"), windows, 2)["phone"][0]
-    assert best_windows(query_terms("kayak"), windows, 2) == {}
+    many = best_windows(query_terms("boss boss birthday"), stored(windows), windows_total=1000)
+    assert many["phone"][0] > best_windows(query_terms("boss boss birthday"), stored(windows), 2)["phone"][0]
+    assert best_windows(query_terms("kayak"), stored(windows), 2) == {}
 
 
 def test_a_query_searches_all_its_terms_with_their_counts_and_the_llm_keywords_it_lacks() -> None:

@@ -138,7 +138,7 @@ class Batcher(Generic[W]):
                 later.append(item)
             else:
                 batch.append(item)
-                taken.update(keys)
+            taken.update(keys)  # held back too: nothing after it that shares a key goes ahead of it
 
         for item in deferred:
             take(item)

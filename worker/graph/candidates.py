@@ -13,8 +13,6 @@ from worker.terms import terms
 from worker.timeframe import Period
 
 CANDIDATES = 100  # per candidate list, whatever the limit: a ranking must not depend on how many are asked
-# Of a candidate window's stored terms, what is read back to rescore it (messages can be 20k characters).
-MAX_WINDOW_TERM_CHARS = 16_000
 
 
 def query_terms(text: str, expansion: Sequence[str] = ()) -> dict[str, int]:
@@ -23,12 +21,12 @@ def query_terms(text: str, expansion: Sequence[str] = ()) -> dict[str, int]:
     Local keywords' terms are the query's own, so they count once, not twice (measured: no change).
     Every term counts, however long the query (the first 64 only, before: a question after a paragraph of
     small talk was not searched); past MAX_QUERY_TERMS the latest are kept, nearest to the question."""
-    said = terms(text)
-    counts = Counter(said)
-    for term in (t for word in expansion for t in terms(word)):
-        if term not in counts:
-            counts[term] = 1
-            said.append(term)
+    own = terms(text)
+    counts = Counter(own)
+    extra = [t for word in expansion for t in terms(word) if t not in counts]
+    for term in extra:
+        counts[term] = 1
+    said = extra + own  # when the cap bites, the query's own latest terms are kept first
     if len(counts) > MAX_QUERY_TERMS:
         last = {t: i for i, t in enumerate(said)}
         kept = set(sorted(last, key=lambda t: -last[t])[:MAX_QUERY_TERMS])
@@ -40,7 +38,8 @@ def query_terms(text: str, expansion: Sequence[str] = ()) -> dict[str, int]:
 class Candidates:
     """What the candidate read found for one recall, before fusion (worker/graph/fusion.py)."""
 
-    windows: list[tuple[str, int, str]]  # (episode id, window seq, the window's stored terms), Lucene's best first
+    # (episode id, window seq, the window's occurrences of the query's terms, its length in terms)
+    windows: list[tuple[str, int, list[str], int]]
     windows_total: int  # the user's search windows: BM25 statistics are the user's own (worker/graph/bm25.py)
     episodes: list[str]  # episode ids by whole-episode BM25, best first
     in_period: list[str]  # episodes that happened in the period the query names, latest first
@@ -50,7 +49,7 @@ class Candidates:
     @classmethod
     def from_row(cls, row: Any, query: dict[str, int]) -> Candidates:
         return cls(
-            windows=[(str(i), int(q), str(t or "")) for i, q, t in row["windows"]],
+            windows=[(str(i), int(q), [str(t) for t in found], int(n)) for i, q, found, n in row["windows"]],
             windows_total=int(row["windows_total"]),
             episodes=[str(i) for i in row["episodes"]],
             in_period=[str(i) for i in row["in_period"]],
@@ -65,6 +64,7 @@ def candidate_params(
     period: Period | None,
     vector: Sequence[float] | None,
     user_id: str,
+    query: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The candidate read's parameters: a None list is one the read leaves out."""
     return {
@@ -73,7 +73,7 @@ def candidate_params(
         "period_to": period.end if period else None,
         "vector": list(vector) if vector is not None else None,
         "k": CANDIDATES,
-        "max_term_chars": MAX_WINDOW_TERM_CHARS,
+        "query_terms": list(query),
         "user_id": user_id,
     }
 

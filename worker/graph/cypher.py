@@ -194,15 +194,18 @@ RELEASE_CLAIMS = "UNWIND $ids AS id MATCH (e:Episode {id: id}) REMOVE e.save_tok
 # --- recall path -------------------------------------------------------------------------------------
 
 # Recall, round trip 1: the candidate lists, each filtered by user_id (the Lucene queries also carry
-# +user_tag:<tag>). Search windows (a message with its neighbours) come with their stored terms, which
-# worker/graph/bm25.py scores again with the user's own statistics (the user's window count comes along);
+# +user_tag:<tag>). Search windows (a message with its neighbours) come with their occurrences of the
+# query's terms, which worker/graph/bm25.py scores again with the user's statistics (the user's window count
+# comes along);
 # whole episodes score by Lucene's BM25; episodes that happened in the period the query names; with
 # embeddings, the nearest windows. Fusion is a pure Python function (worker/graph/fusion.py).
 _WINDOWS = f"""
 CALL () {{
   CALL db.index.fulltext.queryNodes('{CHUNK_TERMS}', $terms, {{limit: $k}}) YIELD node
   WHERE node.user_id = $user_id
-  RETURN collect([node.episode_id, node.seq, left(node.terms, $max_term_chars)]) AS windows
+  WITH node, split(node.terms, ' ') AS stored
+  // what BM25 needs of a window: its occurrences of the query's terms and its length in terms
+  RETURN collect([node.episode_id, node.seq, [t IN stored WHERE t IN $query_terms], size(stored)]) AS windows
 }}
 CALL () {{
   MATCH (c:Chunk {{user_id: $user_id}})
@@ -211,7 +214,8 @@ CALL () {{
 CALL () {{
   CALL db.index.fulltext.queryNodes('{EPISODE_TERMS}', $terms, {{limit: $k}}) YIELD node, score
   WHERE node.user_id = $user_id
-  RETURN collect(node.id) AS episodes  // best first
+  WITH node ORDER BY score DESC, node.id
+  RETURN collect(node.id) AS episodes  // best first, ties by id
 }}
 """
 _NO_WINDOWS = "WITH [] AS windows, 0 AS windows_total, [] AS episodes\n"
@@ -220,7 +224,7 @@ _PERIOD = """
 CALL () {
   MATCH (e:Episode)
   WHERE e.user_id = $user_id AND e.occurred_at >= $period_from AND e.occurred_at < $period_to
-  WITH e ORDER BY e.occurred_at DESC LIMIT $k
+  WITH e ORDER BY e.occurred_at DESC, e.id LIMIT $k
   RETURN collect(e.id) AS in_period
 }
 """

@@ -2,13 +2,13 @@
 
 Reciprocal rank fusion (Cormack et al., SIGIR 2009): a list adds weight / (k + rank) to each episode it ranks,
 so lists whose scores are not comparable (BM25 of windows and of whole episodes, cosine similarities) are fused
-by rank alone, with no scale to normalise and no weight fitted to one dataset (k = 60 as in the paper, weights
-1 but for the whole-episode list's half: it is Lucene's, with the whole store's statistics, over the same words
-as the windows; 0.5 measured at or above 1 on every dev set, 2 below). The lists: episodes by their best search window (BM25 with the user's own statistics,
-worker/graph/bm25.py); by whole-episode BM25 (Lucene's); the episodes that happened in the period the query
-names, in the order the two text lists rank them (those they do not rank after, latest first); and the
-nearest windows by embedding (with MEMORY_EMBEDDING_MODEL). Fusing the two text lists first, then with time
-and meaning, was measured too: LoCoMo 0.941 against 0.945 without embeddings (tests/benchmarks/README.md).
+by rank alone, with no scale to normalise and no weight fitted to one dataset: k = 60 as in the paper, weights
+1 but for the whole-episode list's half (it is Lucene's, with the whole store's statistics, over the same words
+as the windows; 0.5 measured at or above 1 on every dev set, 2 below). The lists: episodes by their best search
+window (BM25 with the user's own statistics, worker/graph/bm25.py); by whole-episode BM25 (Lucene's); the
+episodes that happened in the period the query names, in the order the two text lists rank them (those they
+do not rank, after, latest first); and the nearest windows by embedding (with MEMORY_EMBEDDING_MODEL). Fusing
+the two text lists first, then with time and meaning, measured lower on LoCoMo (tests/benchmarks/README.md).
 
 Entities the query names were a list too; measured on every dev set they lowered recall and were removed.
 Ties go to the episode id, so a ranking never depends on the limit. Figures: tests/benchmarks/README.md.

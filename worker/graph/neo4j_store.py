@@ -209,6 +209,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
             for episode_id, i in now_ids.items():
                 results[i] = by_id[episode_id]
             pending = later
+        assert all(r is not None for r in results), "every write is answered by one round"
         return [r for r in results if r is not None]
 
     def reindex(self, batch: int = 500) -> tuple[int, int]:
@@ -349,6 +350,7 @@ class Neo4jGraphStore(UserErasure, Portability, Reextraction, KnownFactsReader):
             period=period if use_period else None,
             vector=vector if use_dense else None,
             user_id=user_id,
+            query=list(query),
         )
         row = session.run(Query(candidates_statement(params), timeout=timeout_s), params).single(strict=True)
         return Candidates.from_row(row, query)
