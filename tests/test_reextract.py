@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -23,8 +24,8 @@ from tests.test_forget_part import entity_rows, relation_rows
 from tests.workers import WorkerProcess
 from worker.errors import QueryRejected
 from worker.graph.neo4j_store import Neo4jGraphStore
-from worker.models import Entity, EpisodeRecord, ExtractionKind, Relationship
-from worker.pipeline import episode_payload, persist_stage, reextract_stage
+from worker.models import Entity, EpisodeRecord, ExtractionKind, Limits, Relationship, build_episode
+from worker.pipeline import episode_payload, extract_stage, persist_stage, reextract_stage
 from worker.settings import Settings
 
 NewUser = Callable[[str], str]
@@ -257,3 +258,42 @@ def test_memctl_reextract_all_dry_run_and_usage(store: Neo4jGraphStore, new_user
             [sys.executable, "-m", "api_stub.cli", "reextract", *args], capture_output=True, text=True, timeout=60
         )
         assert usage.returncode == 2 and "give --user U or --all" in usage.stderr
+
+
+def fact_times(store: Neo4jGraphStore, user: str) -> dict[tuple[str, str], Any]:
+    with store._session() as s:
+        rows = s.run(
+            "MATCH (a:Entity {user_id: $u})-[r:RELATED_TO]->(b) RETURN a.name AS a, b.name AS b, r.valid_from AS at",
+            u=user,
+        )
+        return {(r["a"], r["b"]): r["at"].to_native() for r in rows}
+
+
+MARCH = datetime(2026, 3, 10, 9, 30, tzinfo=UTC)
+
+
+def test_facts_a_reextraction_finds_in_an_undated_episode_are_valid_from_when_it_was_stored(
+    settings: Settings, store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    """Issue 33 item 2: the episode was stored in March with no facts; a new model finds one today. The fact
+    held from March (the episode's time), not from the day `memctl reextract` ran."""
+    user = new_user("reextract-dates")
+    old = stored(user, f"{user}-a", "user: Ada Lovelace met Bo Chen in Porto.").model_copy(update={"created_at": MARCH})
+    store.save_episode(old, [], [])
+    assert again(store, settings, user, "job-dates", old.id)["outcome"]["status"] == "persisted"
+    times = fact_times(store, user)
+    assert times and set(times.values()) == {MARCH}, times
+
+
+def test_facts_of_an_undated_episode_are_valid_from_when_it_was_accepted_not_when_a_backlog_got_to_it(
+    settings: Settings, store: Neo4jGraphStore, new_user: NewUser
+) -> None:
+    """Issue 33 item 2, the normal path: an undated send accepted in March and extracted only now (a backlog,
+    a dead-letter replay) dates its facts at its acceptance."""
+    user = new_user("accepted-dates")
+    messages = [{"role": "user", "content": "Ada Lovelace met Bo Chen in Porto."}]
+    episode = build_episode(user, "s", messages, limits=Limits())
+    payload = extract_stage(episode_payload(episode, accepted_at=MARCH.timestamp()), settings=settings, store=store, llm=None)
+    assert persist_stage(payload, save=store.save_episode)["status"] == "persisted"
+    times = fact_times(store, user)
+    assert times and set(times.values()) == {MARCH}, times

@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from worker.facts_text import fact_time
@@ -57,8 +57,13 @@ def build_save_params(writes: Sequence[EpisodeWrite]) -> SaveParams:
 
 
 def episode_time(record: EpisodeRecord) -> datetime:
-    """When an episode happened: its occurred_at, else when it was stored."""
-    return record.occurred_at or record.created_at
+    """When an episode happened: its occurred_at, else when add_episode accepted it (a backlog or a replay
+    extracts it later; the caller's clock, never after it was stored), else when it was stored."""
+    if record.occurred_at is not None:
+        return record.occurred_at
+    if record.accepted_at is not None:
+        return min(datetime.fromtimestamp(record.accepted_at, UTC), record.created_at)
+    return record.created_at
 
 
 def end_rows(record: EpisodeRecord) -> list[dict[str, Any]]:

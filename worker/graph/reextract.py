@@ -48,7 +48,8 @@ SELECT_ALL = _SELECT.format(where="")
 STORED = """
 MATCH (e:Episode {id: $id})
 RETURN e.user_id AS user_id, e.reextracted_by AS job, coalesce(e.reextract_accepted_at, 0.0) AS accepted_at,
-       e.extraction AS extraction
+       e.extraction AS extraction, e.created_at AS created_at, e.occurred_at AS occurred_at,
+       e.accepted_at AS episode_accepted_at
 """
 
 # What the new extraction adds, as saving does, except what depends on when: an entity created now was first
@@ -157,7 +158,15 @@ def replace_transaction(tx: ManagedTransaction, write: EpisodeWrite, job: str, n
     facts = [dict(r) for r in tx.run(FACT_STATES, id=record.id, default_predicate=DEFAULT_PREDICATE)]
     gone, kept = take_back_relationships(tx, ids, user_id, reopen=False)
     tx.run(TAKE_BACK_MENTIONS, ids=ids, user_id=user_id).consume()
-    params = build_save_params([write])
+    # The new facts hold from the episode's own time (occurred, accepted, stored), not from today.
+    timed = record.model_copy(
+        update={
+            "created_at": stored["created_at"].to_native(),
+            "occurred_at": stored["occurred_at"].to_native() if stored["occurred_at"] is not None else None,
+            "accepted_at": stored["episode_accepted_at"],
+        }
+    )
+    params = build_save_params([(timed, write[1], write[2])])
     fields = {k: params.episodes[0][k] for k in _REPLACED}
     tx.run(SET_EXTRACTION, id=record.id, fields=fields, job=job, now=now, accepted_at=record.accepted_at).consume()
     n_entities = counted(tx, REPLACE_ENTITIES, params.entities, now).get(record.id, 0)
