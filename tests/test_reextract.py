@@ -293,7 +293,9 @@ def test_facts_of_an_undated_episode_are_valid_from_when_it_was_accepted_not_whe
     user = new_user("accepted-dates")
     messages = [{"role": "user", "content": "Ada Lovelace met Bo Chen in Porto."}]
     episode = build_episode(user, "s", messages, limits=Limits())
-    payload = extract_stage(episode_payload(episode, accepted_at=MARCH.timestamp()), settings=settings, store=store, llm=None)
+    payload = extract_stage(
+        episode_payload(episode, accepted_at=MARCH.timestamp()), settings=settings, store=store, llm=None
+    )
     assert persist_stage(payload, save=store.save_episode)["status"] == "persisted"
     times = fact_times(store, user)
     assert times and set(times.values()) == {MARCH}, times
