@@ -269,7 +269,7 @@ class MemoryClient(MemoryTransfer):
         window = recall.store.mark_erased(user_id, erased_at)
         try:
             erasure.mark(self._redis, user_tag(user_id), erased_at)
-            graph = recall.store.delete_user(user_id)
+            graph = recall.store.delete_user(user_id, window=window)
             dead_letters = DeadLetterStore(self._redis).purge_user(user_id)
             self._in_flight().purge_user(user_id, accepted_until=erased_at)
             cached = purge_cached_keywords(self._redis, user_id)

@@ -121,3 +121,41 @@ def test_a_send_planned_on_a_line_the_erasure_deleted_is_extracted_again_whole(
     with store._session() as s:  # the whole send is remembered, not just the two messages after the old line
         sizes = s.run("MATCH (e:Episode {user_id: $u}) RETURN e.message_count", u=user).value()
     assert sizes == [6]
+
+
+def test_an_erasure_longer_than_its_window_keeps_persists_waiting_until_its_last_batch(
+    settings: Settings, store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    """Issue 33 item 3: each delete batch renews the erasure's window, so work accepted after the mark is not
+    saved while later batches still delete (and half-deleted by them); a dead eraser's window still lapses."""
+    user = new_user("erase-long")
+    with store._session() as s:  # many small nodes: one per delete batch of one below
+        s.run("UNWIND range(1, 3000) AS i CREATE (:Chunk {user_id: $u, seq: i})", u=user).consume()
+    one_by_one = Neo4jGraphStore.__new__(Neo4jGraphStore)
+    one_by_one.__dict__.update(store.__dict__, _delete_batch=1)
+    window = store.mark_erased(user, time.time(), erasing_for_s=1.0)
+    deleting = threading.Thread(target=lambda: one_by_one.delete_user(user, window=window, erasing_for_s=1.0))
+    deleting.start()
+    time.sleep(2.0)  # the window as first set has lapsed
+    assert deleting.is_alive(), "the deletion ended too soon to show anything"
+    extraction = extract_stage(
+        episode_payload(build_episode(user, "s1", SAID, limits=Limits())), settings=settings, store=store, llm=None
+    )
+    with pytest.raises(StoreUnavailable):
+        persist_stage(extraction, save=store.save_episode)
+    deleting.join(120)
+    store.erasure_done(user, window)
+    assert persist_stage(extraction, save=store.save_episode)["status"] == "persisted"
+    assert graph_facts(store, user)["episodes"] == 1
+
+
+def test_a_dead_erasers_window_lapses(
+    settings: Settings, store: Neo4jGraphStore, new_user: Callable[[str], str]
+) -> None:
+    user = new_user("erase-dead")
+    store.mark_erased(user, time.time(), erasing_for_s=0.5)  # the eraser dies here: no batch, no done
+    time.sleep(1.0)
+    extraction = extract_stage(
+        episode_payload(build_episode(user, "s1", SAID, limits=Limits())), settings=settings, store=store, llm=None
+    )
+    assert persist_stage(extraction, save=store.save_episode)["status"] == "persisted"

@@ -25,6 +25,13 @@ SET u.erased_at = CASE WHEN coalesce(u.erased_at, 0.0) > $at THEN u.erased_at EL
     u.erasing_until = $until, u.erasing_token = $token
 """
 
+# Each delete batch keeps the window open (an erasure longer than its window would otherwise let work accepted
+# after the mark be saved, then half-deleted by a later batch); a dead eraser's window lapses after its last.
+RENEW_ERASING = """
+MATCH (u:UserMark {user_tag: $tag}) WHERE u.erasing_token = $token
+SET u.erasing_until = CASE WHEN u.erasing_until > $until THEN u.erasing_until ELSE $until END
+"""
+
 # Only the erasure that opened the window closes it (two erasures of one user may overlap).
 ERASURE_DONE = """
 MATCH (u:UserMark {user_tag: $tag}) WHERE u.erasing_token = $token
@@ -105,13 +112,15 @@ class UserErasure(StorePart):
         with translated("erasure_done"), self._session() as session:
             self._write(session, lambda tx: tx.run(ERASURE_DONE, tag=user_tag(user_id), token=token).consume())
 
-    def delete_user(self, user_id: str) -> DeleteReport:
-        """Batches of delete_batch nodes, each its own transaction, so 100k nodes never build one huge tx."""
+    def delete_user(self, user_id: str, window: str | None = None, erasing_for_s: float = 600.0) -> DeleteReport:
+        """Batches of delete_batch nodes, each its own transaction, so 100k nodes never build one huge tx.
+        With `window` (mark_erased's token), each batch also keeps that window open for erasing_for_s more."""
+        renew = (user_tag(user_id), window, erasing_for_s) if window is not None else None
         with translated("delete_user"), self._session() as session:
             relationships = session.execute_read(
                 lambda tx: tx.run(COUNT_USER_RELATIONSHIPS, user_id=user_id).single(strict=True)["n"]
             )
-            counts = [self._delete_in_batches(session, statement, user_id) for statement in DELETE_USER_BATCHES]
+            counts = [self._delete_in_batches(session, s, user_id, renew) for s in DELETE_USER_BATCHES]
         log.info("deleted user graph", extra={"user_id": user_id, "episodes": counts[0], "entities": counts[1]})
         return DeleteReport(
             user_id=user_id,
@@ -121,8 +130,13 @@ class UserErasure(StorePart):
             session_progress=counts[DELETE_USER_BATCHES.index(DELETE_USER_PROGRESS_BATCH)],
         )
 
-    def _delete_in_batches(self, session: Session, statement: str, user_id: str) -> int:
+    def _delete_in_batches(
+        self, session: Session, statement: str, user_id: str, renew: tuple[str, str, float] | None
+    ) -> int:
         def batch(tx: ManagedTransaction) -> int:
+            if renew is not None:
+                tag, token, for_s = renew
+                tx.run(RENEW_ERASING, tag=tag, token=token, until=time.time() + for_s).consume()
             n: int = tx.run(statement, user_id=user_id, batch=self._delete_batch).single(strict=True)["n"]
             return n
 

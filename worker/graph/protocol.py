@@ -59,7 +59,7 @@ class GraphStore(Protocol):
         `period`, and close in meaning to `vector` when embeddings are configured), with the passages
         that matched, their entities and relations."""
 
-    def delete_user(self, user_id: str) -> DeleteReport:
+    def delete_user(self, user_id: str, window: str | None = None, erasing_for_s: float = 600.0) -> DeleteReport:
         """Remove every node and relationship of the user; returns what was removed."""
 
     def is_available(self, timeout_s: float = 2.0) -> bool:
