@@ -24,7 +24,9 @@ from worker.identity import entity_key, entity_uid, user_tag
 SELF = "user"  # the entity the extraction prompt names the user by
 
 # The user's current facts about the entities the new messages name (fulltext over entity names), and the
-# user's own (the "user" entity); the latest updated first, at most $limit.
+# user's own (the "user" entity), at most $limit: the latest updated of each kind (source and predicate) first,
+# then the second latest of each, and so on, so that many newer facts of one kind ("user likes …") never crowd
+# out the one fact of another ("user lives_in Porto") a new message may end.
 _SEEDS_NAMED = f"""
 CALL () {{
   CALL db.index.fulltext.queryNodes('{ENTITY_FULLTEXT}', $entity_query, {{limit: $k}}) YIELD node
@@ -39,11 +41,15 @@ UNWIND named + CASE WHEN me IS NULL THEN [] ELSE [me] END AS n
 MATCH (n)-[r:RELATED_TO]-()
 WHERE r.user_id = $user_id AND coalesce(r.invalid_from > datetime(), true)  // ending later is still current
 WITH DISTINCT r
-WITH r, startNode(r) AS a, endNode(r) AS b
-ORDER BY coalesce(r.updated_at, r.valid_from) DESC, a.uid, r.predicate, b.uid
+WITH r, startNode(r) AS a, endNode(r) AS b, coalesce(r.updated_at, r.valid_from) AS at
+ORDER BY at DESC, a.uid, r.predicate, b.uid
+WITH a.uid AS source, r.predicate AS predicate, collect({r: r, a: a, b: b, at: at}) AS kind
+UNWIND range(0, size(kind) - 1) AS rank
+WITH kind[rank] AS f, rank
+ORDER BY rank, f.at DESC, f.a.uid, f.r.predicate, f.b.uid
 LIMIT $limit
-RETURN a.key AS source_key, a.name AS source, r.predicate AS predicate, b.key AS target_key, b.name AS target,
-       r.valid_from AS valid_from
+RETURN f.a.key AS source_key, f.a.name AS source, f.r.predicate AS predicate, f.b.key AS target_key,
+       f.b.name AS target, f.r.valid_from AS valid_from
 """
 CURRENT_FACTS = _SEEDS_NAMED + _FACTS
 CURRENT_FACTS_OF_USER = _SEEDS_NONE + _FACTS
