@@ -2,8 +2,10 @@
 one thread of the process takes what is waiting and handles it as one batch (one Neo4j transaction or query).
 
 A caller waits at most `wait_s`, then fails with StoreUnavailable (its task retries). A batch the handler fails
-with StoreUnavailable fails each of its callers with a copy of that error; any other failure is handled again
-item by item, so only the bad item fails.
+with StoreUnavailable fails each of its callers with a copy of that error, and the batches after it hold at most
+half as many items (a batch too big to commit in time, or waiting on locks for its size, would otherwise come
+back at full size with every retry); each batch that commits raises that limit by one again, up to max_batch. Any
+other failure is handled again item by item, so only the bad item fails.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Batcher(Generic[W]):
         (None: never; only for items without a key: what a replaced handler held back for a later batch
         goes back to the queue only when its batch ends)."""
         self._max_batch = max_batch
+        self._limit = max_batch  # halved by a batch that fails as a whole, one more after one that commits
         self._linger_s = linger_s
         self._gap_s = gap_s
         self._wait_s = wait_s
@@ -134,7 +137,7 @@ class Batcher(Generic[W]):
 
         def take(item: W) -> None:
             keys = self.keys(item)
-            if taken.intersection(keys) or len(batch) >= self._max_batch:
+            if taken.intersection(keys) or len(batch) >= self._limit:
                 later.append(item)
             else:
                 batch.append(item)
@@ -145,7 +148,7 @@ class Batcher(Generic[W]):
         if not batch:
             take(self._queue.get())
         until = time.monotonic() + self._linger_s
-        while len(batch) < self._max_batch:
+        while len(batch) < self._limit:
             left = until - time.monotonic()
             if left <= 0:
                 break
@@ -161,6 +164,12 @@ class Batcher(Generic[W]):
         except StoreUnavailable as exc:
             for item in batch:  # each caller raises its own copy (a traceback is per raise)
                 item.error = _copy(exc)
+            if len(batch) > 1:
+                self._limit = max(1, len(batch) // 2)
+                log.warning(
+                    "batch failed as a whole; the next ones are smaller",
+                    extra={"batcher": type(self).__name__, "items": len(batch), "limit": self._limit},
+                )
         except Exception as exc:
             if len(batch) == 1:
                 batch[0].error = exc
@@ -171,6 +180,8 @@ class Batcher(Generic[W]):
                 )
                 for item in batch:
                     self._answer([item])
+        else:
+            self._limit = min(self._max_batch, self._limit + 1)
         finally:
             for item in batch:
                 if item.result is None and item.error is None:
