@@ -181,7 +181,7 @@ def _sweep(client: Any, redis: Any, settings: Settings, silent_for_s: float) -> 
     from worker.liveness import kombu_restore, restore_orphans
 
     restored = restore_orphans(redis, kombu_restore(client._celery()), settings.worker_dead_after_s)
-    return restored + int(client._in_flight().sweep(silent_for_s, client.republish))
+    return restored + int(client._in_flight().sweep(silent_for_s, client.recover))
 
 
 @main.command()

@@ -190,6 +190,18 @@ class MemoryClient(MemoryTransfer):
         app.backend.forget(persist_task_id(payload["episode_id"]))  # the failed attempt's outcome is not this one's
         return str(persist_signature(app, payload["episode_id"], payload).apply_async().id)
 
+    def recover(self, payload: dict[str, Any]) -> str | None:
+        """What the in-flight sweep does with a silent record: a send whose outcome is final already (its
+        record could not be closed) is closed, not sent again (None); any other is published again as this
+        very send (found stored, it reports persisted). Returns the final task id when published."""
+        from worker.celery_app import persist_task_id
+
+        episode_id = str(payload["episode"]["id"] if "episode" in payload else payload["episode_id"])
+        if self._celery().AsyncResult(persist_task_id(episode_id)).state == "SUCCESS":
+            self._in_flight().done(episode_id)
+            return None
+        return self.republish({**payload, "recovered": True})
+
     def wait(self, receipts: Sequence[EpisodeReceipt], timeout_s: float = 60.0) -> list[EpisodeState]:
         """Each episode's state once final, or 'pending' for those not final when the timeout ends."""
         app = self._celery()

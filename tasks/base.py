@@ -138,12 +138,14 @@ class StageTask(Task):  # type: ignore[misc]
         )
         return {"episode_id": episode_id, "user_id": user_id, "status": "dead_lettered"}
 
-    def redelivered(self, outcome: dict[str, Any]) -> dict[str, Any]:
+    def redelivered(self, outcome: dict[str, Any], recovered: bool = False) -> dict[str, Any]:
         """An outcome `unchanged` because this very send is stored: on a message delivered again (its worker
-        died or was taken for lost) its earlier delivery wrote it, and the caller's wait() must say persisted
-        (a second send of it stays unchanged). Only for that case: a send that another, longer send of its
-        session covered stays unchanged, redelivered or not."""
-        if outcome.get("status") == "unchanged" and (self.request.delivery_info or {}).get("redelivered"):
+        died or was taken for lost) or published again by the in-flight sweep (`recovered`), its earlier
+        delivery wrote it, and the caller's wait() must say persisted (a second send of it stays unchanged).
+        Only for that case: a send that another, longer send of its session covered stays unchanged,
+        redelivered or not."""
+        again = recovered or (self.request.delivery_info or {}).get("redelivered")
+        if outcome.get("status") == "unchanged" and again:
             return {**outcome, "status": "persisted"}
         return outcome
 

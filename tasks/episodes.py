@@ -47,7 +47,7 @@ def _extract(self: StageTask, payload: dict[str, Any]) -> dict[str, Any]:
             read = rt.group_read.write_state
             outcome = extract_stage(payload, settings=rt.settings, store=rt.store, llm=rt.llm, read_state=read)
         if outcome.pop("stored", False):  # this very send found stored (a redelivery: persisted)
-            outcome = self.redelivered(outcome)
+            outcome = self.redelivered(outcome, recovered=bool(payload.get("recovered")))
         if outcome["status"] == "extracted":
             end.extracted(outcome["record"])
         if rt.settings.persist_inline:

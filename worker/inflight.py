@@ -110,10 +110,11 @@ class InFlight:
         try:
             if not self.broker_idle():
                 return 0
-            overdue = self.overdue(silent_for_s)
-            for episode_id, payload in overdue:
-                enqueue(payload)
-                self.touch(episode_id, time.time())
-            return len(overdue)
+            sent = 0
+            for episode_id, payload in self.overdue(silent_for_s):
+                if enqueue(payload) is not None:  # None: found final, and closed
+                    self.touch(episode_id, time.time())
+                    sent += 1
+            return sent
         finally:
             self._redis.delete(keys.INFLIGHT_SWEEP_LOCK)

@@ -1,0 +1,70 @@
+"""What the sweeps give back, and what they must not (issue 33 items 6-8): an episode whose in-flight record
+was left open after it persisted is closed and still reported persisted; a message lost from the broker is
+found again while the broker is busy; two liveness sweeps at once never hand one message out twice."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from api_stub.client import MemoryClient
+from tests.ingest_helpers import episodes_for, graph_facts, wait_until
+from tests.services import RedisClient
+from tests.test_policy_and_dlq import memctl
+from tests.workers import WorkerProcess
+from worker.graph.neo4j_store import Neo4jGraphStore
+from worker.inflight import InFlight
+
+Workers = Callable[..., WorkerProcess]
+
+
+def test_a_persisted_episode_whose_record_was_left_open_is_closed_and_still_reported_persisted(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    new_user: Callable[[str], str],
+) -> None:
+    """Item 7: the record could not be marked done (a Redis blip after the commit); the sweep finds it silent
+    with the broker idle. The send is final: its outcome stays `persisted`, nothing is extracted again."""
+    user = new_user("left-open")
+    items, _ = episodes_for([user], 1, seed=11)
+    receipts = client.add_episodes(items)
+    in_flight = InFlight(clean_redis)
+    payload = in_flight.payload(receipts[0].episode_id)
+    assert payload is not None
+    workers()
+    assert [s.state for s in client.wait(receipts, 60)] == ["persisted"]
+    in_flight.add(receipts[0].episode_id, user, payload, at=time.time() - 3600)  # left open, long silent
+    memctl("sweep")
+    wait_until(lambda: in_flight.count() == 0, 60, "the record to be closed")
+    time.sleep(1.0)  # a re-published send would be done by now
+    assert [s.state for s in client.wait(receipts, 10)] == ["persisted"]
+    assert graph_facts(store, user)["episodes"] == 1
+
+
+def test_a_left_open_send_whose_outcome_expired_is_sent_again_and_reported_persisted(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    new_user: Callable[[str], str],
+) -> None:
+    """Item 7, when the outcome is gone too (expired, or its write failed): the sweep sends the send again, and
+    finding this very send stored it reports persisted, not unchanged."""
+    from worker.celery_app import persist_task_id
+
+    user = new_user("left-open-expired")
+    items, _ = episodes_for([user], 1, seed=12)
+    receipts = client.add_episodes(items)
+    in_flight = InFlight(clean_redis)
+    payload = in_flight.payload(receipts[0].episode_id)
+    assert payload is not None
+    workers()
+    assert [s.state for s in client.wait(receipts, 60)] == ["persisted"]
+    client._celery().backend.forget(persist_task_id(receipts[0].episode_id))
+    in_flight.add(receipts[0].episode_id, user, payload, at=time.time() - 3600)
+    assert memctl("sweep").stdout.strip() == "re-enqueued 1"
+    assert [s.state for s in client.wait(receipts, 60)] == ["persisted"]
+    wait_until(lambda: in_flight.count() == 0, 30, "the record to be closed")
+    assert graph_facts(store, user)["episodes"] == 1
