@@ -30,9 +30,14 @@ def test_old_messages_of_live_workers_stay_and_those_of_a_lost_worker_go_once_it
         delivered(clean_redis, tag, OLD)
         holder.hold(tag)
         holder.beat()
+    # A beat renews the time of what its worker holds: kombu's visibility timeout never takes it from them.
+    assert clean_redis.zscore(keys.KOMBU_UNACKED_INDEX, "t-live") > time.time() - 5
     delivered(clean_redis, "t-nobody", OLD)  # received by a worker that died before noting it
     delivered(clean_redis, "t-young", 1.0)  # just received: its worker may be noting it right now
     assert orphans(clean_redis, 30) == (["t-nobody"], [])
+    delivered(clean_redis, "t-lost", OLD)  # its worker's last beat was long ago (as when its key expires)
+    live.beat()
+    assert orphans(clean_redis, 30) == (["t-nobody"], [])  # t-live renewed again by its beat
     clean_redis.delete(keys.worker_alive(lost.id))  # its key expired: suspected, not yet taken for dead
     assert orphans(clean_redis, 30) == (["t-nobody"], [])
     clean_redis.set(keys.worker_suspect(lost.id), repr(time.time() - CONFIRM_S - 1))  # still silent since

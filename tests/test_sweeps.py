@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from api_stub.client import MemoryClient
 from tests.ingest_helpers import episodes_for, graph_facts, wait_until
+from tests.llm_standin import Reply, StandIn, answer
 from tests.services import RedisClient
 from tests.test_policy_and_dlq import memctl
 from tests.workers import WorkerProcess
@@ -68,3 +69,27 @@ def test_a_left_open_send_whose_outcome_expired_is_sent_again_and_reported_persi
     assert [s.state for s in client.wait(receipts, 60)] == ["persisted"]
     wait_until(lambda: in_flight.count() == 0, 30, "the record to be closed")
     assert graph_facts(store, user)["episodes"] == 1
+
+
+def test_a_stage_running_longer_than_the_visibility_timeout_calls_the_model_once(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    standin: StandIn,
+    new_user: Callable[[str], str],
+) -> None:
+    """Item 11 (paid twice under load): an attempt that outlives the broker's visibility timeout (a slow model, a
+    busy machine, a store coming back) was handed by kombu to a second thread while the first still ran, and
+    both asked the model. A live worker's heartbeat keeps what it holds from being handed out again."""
+    from tests.test_ingest_faults import GOOD, extraction_calls, stand_in_env
+
+    standin.default = lambda _request: Reply(content=answer(GOOD).content, delay_s=20.0)  # visibility: 15 s
+    user = new_user("slow-model")
+    items, _ = episodes_for([user], 2, seed=13)
+    workers(**stand_in_env(standin), MEMORY_LLM_TIMEOUT_S="60")
+    receipts = client.add_episodes(items)
+    assert [s.state for s in client.wait(receipts, 90)] == ["persisted"] * 2
+    time.sleep(3.0)  # a second run, if one was started, has asked by now
+    assert sorted(extraction_calls(standin).values()) == [1, 1]
+    assert graph_facts(store, user)["episodes"] == 2

@@ -8,8 +8,11 @@ must outlast the longest retry countdown, so it is long. Here each Celery worker
   included) in a set of its own, `memory:worker:held:<holder>`: its heartbeat thread writes the tags received
   within FLUSH_S in one SADD, so the consumer loop that receives them makes no round trip for it;
 - every HEARTBEAT_S renews its liveness key `memory:worker:alive:<holder>` (expiry: the dead-after setting,
-  kept by Redis, so clocks do not matter) and re-writes the set from what it still holds (a tag no longer
-  in `unacked` was acknowledged).
+  kept by Redis, so clocks do not matter), re-writes the set from what it still holds (a tag no longer
+  in `unacked` was acknowledged), and renews those messages' time in `unacked_index`: kombu's visibility
+  timeout then never hands out a message a live worker is still working on (an attempt longer than it, on a
+  slow model or a busy machine, was run twice and the model paid twice); the age the sweep below goes by
+  counts from the holder's last beat.
 
 The sweep (`memctl worker`, every MEMORY_SWEEP_INTERVAL_S) then moves back to its queue, with kombu's own
 restore, every unacknowledged message older than the dead-after time that no live worker holds: the
@@ -99,6 +102,10 @@ class Holder:
             pipe.srem(keys.worker_held(self.id), *gone)
         if held:
             pipe.sadd(keys.worker_held(self.id), *held)
+            # What a live worker holds is never past the visibility timeout: kombu would hand a message still
+            # being worked on (a slow model, a busy machine) to a second worker, and the model is paid twice.
+            # XX: a message acknowledged meanwhile is not put back in the index.
+            pipe.zadd(keys.KOMBU_UNACKED_INDEX, dict.fromkeys(held, time.time()), xx=True)
         pipe.expire(keys.worker_held(self.id), HELD_TTL_S)
         pipe.execute()
 
