@@ -109,3 +109,25 @@ def test_noting_a_message_as_held_makes_no_round_trip_on_the_consuming_thread() 
             holder.write_held()
     finally:
         unreachable.close()
+
+
+def test_two_sweeps_at_once_restore_a_lost_message_once(clean_redis: RedisClient) -> None:
+    """Issue 33 item 8: the second of two sweeps at once would restore the message again after a new worker
+    received it (same delivery tag), taking it from that worker and pushing it a second time."""
+    import threading
+
+    delivered(clean_redis, "t-orphan", OLD)
+    restored: list[str] = []
+
+    def slow_restore(tags: list[str]) -> None:
+        time.sleep(0.5)  # kombu's restore, one transaction per tag; the other sweep runs meanwhile
+        restored.extend(tags)
+
+    sweeps = [threading.Thread(target=restore_orphans, args=(clean_redis, slow_restore, 30)) for _ in range(2)]
+    for sweep in sweeps:
+        sweep.start()
+    for sweep in sweeps:
+        sweep.join(10)
+    assert restored == ["t-orphan"]
+    assert not clean_redis.exists(keys.LIVENESS_SWEEP_LOCK)  # released: the next sweep runs
+    assert restore_orphans(clean_redis, restored.extend, 30) == 1

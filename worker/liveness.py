@@ -190,16 +190,34 @@ return 1
 """
 
 
-def restore_orphans(redis: Any, restore: Callable[[list[str]], None], dead_after_s: float) -> int:
-    """Move back to their queues the messages no live worker holds; forget dead workers. Returns how many."""
-    tags, dead = orphans(redis, dead_after_s)
-    if tags:
-        restore(tags)
-        log.warning("restored messages of lost workers", extra={"count": len(tags), "dead_workers": len(dead)})
-    for holder in dead:
-        held, alive, suspect = keys.worker_held(holder), keys.worker_alive(holder), keys.worker_suspect(holder)
-        redis.eval(_FORGET_IF_SILENT, 4, alive, keys.WORKERS, held, suspect, holder)
-    return len(tags)
+# Release the sweep lock only if it is still this sweep's (one that outlived its expiry leaves the next alone).
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def restore_orphans(
+    redis: Any, restore: Callable[[list[str]], None], dead_after_s: float, lock_ttl_s: int = 120
+) -> int:
+    """Move back to their queues the messages no live worker holds; forget dead workers. Returns how many.
+    One sweep at a time (a Redis lock; another finds it taken and does nothing): two at once would both
+    restore a message, the second after a new worker received it, taking it from that worker and pushing
+    it again, so that it ran twice."""
+    token = uuid.uuid4().hex
+    if not redis.set(keys.LIVENESS_SWEEP_LOCK, token, nx=True, ex=lock_ttl_s):
+        return 0
+    try:
+        tags, dead = orphans(redis, dead_after_s)
+        if tags:
+            restore(tags)
+            log.warning("restored messages of lost workers", extra={"count": len(tags), "dead_workers": len(dead)})
+        for holder in dead:
+            held, alive, suspect = keys.worker_held(holder), keys.worker_alive(holder), keys.worker_suspect(holder)
+            redis.eval(_FORGET_IF_SILENT, 4, alive, keys.WORKERS, held, suspect, holder)
+        return len(tags)
+    finally:
+        redis.eval(_UNLOCK, 1, keys.LIVENESS_SWEEP_LOCK, token)
 
 
 def kombu_restore(app: Any) -> Callable[[list[str]], None]:
