@@ -13,10 +13,10 @@ import pytest
 from api_stub.cli_dlq import enqueue_letter
 from tasks.policy import backoff_delay_s, is_transient, retry_delay_s
 from tests.services import ROOT, RedisClient
-from worker.deadletter import DeadLetterStore
+from worker.deadletter import DeadLetter, DeadLetterStore
 from worker.errors import EpisodeRejected, LLMError, SettingsError, StoreRequestError, StoreUnavailable
 from worker.identity import user_tag
-from worker.keys import dlq_user
+from worker.keys import dlq_record, dlq_user
 from worker.settings import Settings
 
 
@@ -116,6 +116,24 @@ def test_a_replay_that_fails_again_at_once_keeps_its_new_dead_letter(clean_redis
     again = store.get("extract:e1")
     assert again is not None and again.attempts == 6  # the new failure is kept, not removed with the old one
     assert store.count() == 1 and clean_redis.sismember(dlq_user(user_tag("u1")), "extract:e1")
+
+
+def test_a_replay_never_writes_back_a_record_purged_while_it_read_it(clean_redis: RedisClient) -> None:
+    """Issue 33 item 9: replay reads the record, forget_user (or purge) deletes it, replay's count write must
+    not bring it back (without index or user set: invisible to list, purge and forget, text and all)."""
+
+    class PurgedMidway(DeadLetterStore):
+        def get(self, rid: str) -> DeadLetter | None:
+            letter = super().get(rid)
+            if letter is not None:  # the erasure runs right after the replay's read
+                DeadLetterStore(clean_redis).purge_user("u1")
+            return letter
+
+    add(DeadLetterStore(clean_redis), "e1")
+    sent: list[str] = []
+    assert PurgedMidway(clean_redis).replay("extract:e1", lambda letter: sent.append(letter.id) or "t") is None
+    assert sent == [] and not clean_redis.exists(dlq_record("extract:e1"))
+    assert DeadLetterStore(clean_redis).count() == 0
 
 
 def test_a_replayed_persist_letter_is_in_flight_until_it_is_final(clean_redis: RedisClient) -> None:

@@ -52,6 +52,17 @@ return 0
 """
 
 
+# Compare-and-set of a dead letter's record: a replay counts itself only on the record it read (one purged or
+# forgotten meanwhile is not written back without its index and user set).
+_SET_IF_UNCHANGED = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
 def record_id(stage: Stage, episode_id: str) -> str:
     """One record per episode and stage: failing again updates it instead of piling up copies."""
     return f"{stage}:{episode_id}"
@@ -148,13 +159,16 @@ class DeadLetterStore:
     def replay(self, rid: str, enqueue: Callable[[DeadLetter], str]) -> str | None:
         """Re-enqueue (enqueue returns the new task id once the broker accepted it), then remove the record
         only if it is still the one replayed: a replay that failed again at once has written a new dead
-        letter under the same id, and that one stays."""
+        letter under the same id, and that one stays. None: no such record (or gone while it was read)."""
         letter = self.get(rid)
         if letter is None:
             return None
         bumped = letter.model_copy(update={"replay_count": letter.replay_count + 1})
         written = bumped.model_dump_json()
-        self._redis.set(keys.dlq_record(rid), written)  # counted even if we crash next
+        # Counted even if we crash next; purged (forget_user, dlq purge) or replaced since it was read: not
+        # replayed, and not written back.
+        if not self._redis.eval(_SET_IF_UNCHANGED, 1, keys.dlq_record(rid), letter.model_dump_json(), written):
+            return None
         task_id = enqueue(bumped)
         self._redis.eval(
             _DELETE_IF_UNCHANGED,
