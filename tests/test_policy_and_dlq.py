@@ -131,7 +131,12 @@ def test_a_replay_never_writes_back_a_record_purged_while_it_read_it(clean_redis
 
     add(DeadLetterStore(clean_redis), "e1")
     sent: list[str] = []
-    assert PurgedMidway(clean_redis).replay("extract:e1", lambda letter: sent.append(letter.id) or "t") is None
+
+    def enqueue(letter: DeadLetter) -> str:
+        sent.append(letter.id)
+        return "new-task"
+
+    assert PurgedMidway(clean_redis).replay("extract:e1", enqueue) is None
     assert sent == [] and not clean_redis.exists(dlq_record("extract:e1"))
     assert DeadLetterStore(clean_redis).count() == 0
 
