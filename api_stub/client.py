@@ -310,7 +310,7 @@ class MemoryClient(MemoryTransfer):
     def forget_episode(self, user_id: str, episode_id: str) -> ForgetPartReport:
         """Forget one episode: it, its text and index entries, and exactly what it added to entities and
         relationships; work for it accepted before now never writes it again. Idempotent; an episode id
-        stored for another user is refused (QueryRejected). See api_stub/forget_part.py."""
+        stored for another user is left alone and answered as an unknown one. See api_stub/forget_part.py."""
         return self._forget_part(user_id, episode_id=episode_id)
 
     def forget_session(self, user_id: str, session_id: str) -> ForgetPartReport:

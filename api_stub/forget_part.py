@@ -18,7 +18,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from worker import erasure
 from worker.deadletter import DeadLetter, DeadLetterStore
 from worker.erasure import purge_cached_keywords
-from worker.errors import QueryRejected, StoreRequestError
+from worker.errors import QueryRejected
 from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.inflight import InFlight
 from worker.models import Identifier
@@ -59,12 +59,7 @@ def forget_part(
         raise QueryRejected(exc.errors()[0]["msg"], which) from None
     episode_id, session_id = (checked, None) if episode_id is not None else (None, checked)
     at = time.time()
-    try:
-        counts = store.forget(user_id, at, episode_id=episode_id, session_id=session_id)
-    except StoreRequestError as exc:
-        if exc.cause == "ForeignEpisode":  # nothing was written: the transaction rolled back
-            raise QueryRejected("this episode id is stored for another user", "episode_id") from None
-        raise
+    counts = store.forget(user_id, at, episode_id=episode_id, session_id=session_id)
     erasure.mark_forgotten(redis, list(counts.tombstones), at)
 
     def named(stored_episode_id: str, payload: dict[str, Any]) -> bool:

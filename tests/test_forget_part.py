@@ -4,6 +4,7 @@ and nothing of another user is touched."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -137,19 +138,24 @@ def test_work_accepted_before_a_forget_is_dropped_by_either_stage(
     assert graph_facts(store, user)["episodes"] == 1
 
 
-def test_another_users_episode_id_is_refused_and_nothing_changes(
+def test_another_users_episode_id_is_answered_as_an_unknown_one_and_nothing_of_theirs_changes(
     store: Neo4jGraphStore, client: MemoryClient, new_user: Callable[[str], str]
 ) -> None:
+    """Issue 33 item 10: telling a foreign id from an unknown one would confirm a guessed conversation (a
+    derived id hashes user, session and messages)."""
     owner, intruder = new_user("owner"), new_user("intruder")
     mine = record(owner, "Ada is my sister")
     store.save_episode(mine, entities("Ada"), [])
-    with pytest.raises(QueryRejected) as info:
-        client.forget_episode(intruder, mine.id)
-    assert info.value.field == "episode_id"
+    foreign = client.forget_episode(intruder, mine.id)
+    unknown = client.forget_episode(intruder, f"ep_{'0' * 32}")
+    assert foreign.model_dump(exclude={"episode_id"}) == unknown.model_dump(exclude={"episode_id"})
+    assert foreign.episodes == 0
     assert graph_facts(store, owner)["episodes"] == 1
-    with store._session() as s:  # no tombstone was written that could drop the owner's own sends
-        found = s.run("MATCH (t:Forgotten {user_id: $u}) RETURN count(t) AS n", u=intruder).single(strict=True)
-        assert found["n"] == 0
+    with store._session() as s:  # what was written is the intruder's own (as for any unknown id)
+        theirs = s.run("MATCH (t:Forgotten {user_id: $u}) RETURN count(t) AS n", u=owner).single(strict=True)
+        assert theirs["n"] == 0
+    again = record(owner, "Ada is my sister", episode_id=mine.id).model_copy(update={"accepted_at": time.time() - 1})
+    assert store.save_episode(again, entities("Ada"), []).outcome != "forgotten"  # the owner's sends still count
     with pytest.raises(QueryRejected):
         client.forget_session(owner, "")
     with pytest.raises(QueryRejected):

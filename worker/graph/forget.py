@@ -31,7 +31,6 @@ from typing import Any
 
 from neo4j import ManagedTransaction
 
-from worker.errors import StoreRequestError
 from worker.facts_text import DEFAULT_PREDICATE
 from worker.graph.facts import FORGET_OWN_ENDS, REOPEN_FACTS, UNDO_REOPENINGS, UNLIST_REPLACED
 from worker.graph.params import fact_key
@@ -223,12 +222,14 @@ def redescribe_relationships(tx: ManagedTransaction, rids: list[str]) -> None:
 def forget_transaction(
     tx: ManagedTransaction, user_id: str, at: float, episode_id: str | None, session_id: str | None
 ) -> ForgetCounts:
-    """Exactly one of episode_id and session_id. An episode id stored for another user is refused."""
+    """Exactly one of episode_id and session_id. An episode id stored for another user is left alone and
+    answered as an unknown id: the caller learns nothing about it (a derived id hashes the user, session and
+    messages, so telling it apart would confirm a guessed conversation)."""
     tx.run(LOCK_USER, tag=user_tag(user_id), at=at).consume()
     if episode_id is not None:
         owner = tx.run(OWNER, episode_id=episode_id, at=at).single()
         if owner is not None and owner["user_id"] != user_id:
-            raise StoreRequestError(f"episode {episode_id} belongs to another user", cause="ForeignEpisode")
+            owner = None
         found = owner is not None and not owner["newer"]
         ids = [episode_id] if found else []
         keys = [episode_tombstone(user_id, episode_id)]
