@@ -159,3 +159,27 @@ def test_a_dead_erasers_window_lapses(
         episode_payload(build_episode(user, "s1", SAID, limits=Limits())), settings=settings, store=store, llm=None
     )
     assert persist_stage(extraction, save=store.save_episode)["status"] == "persisted"
+
+
+def test_a_recall_cache_write_that_lands_after_forget_episode_is_dropped(
+    clean_redis: RedisClient, store: Neo4jGraphStore, client: MemoryClient, new_user: Callable[[str], str]
+) -> None:
+    """Issue 33 item 10: LLM keywords or a query vector that a recall started before forget_episode (or
+    forget_session) finishes after its purge of the user's caches: written, they would keep words of the
+    forgotten conversation. Only the user erasure mark was checked."""
+    from tests.factories import entities, record
+    from worker import erasure, keys
+    from worker.identity import user_tag
+
+    user = new_user("late-cache")
+    stored = record(user, "Tomas moved to Vilnius")
+    store.save_episode(stored, entities("Tomas"), [])
+    tag = user_tag(user)
+    started = time.time()  # the recall began (its model call is under way)
+    client.forget_episode(user, stored.id)
+    late = [keys.keywords_cache(tag, "digest"), keys.query_vector_cache(tag, "digest")]
+    for key in late:
+        assert not erasure.set_unless_erased(clean_redis, tag, started, key, '["Vilnius"]', 600)
+        assert not clean_redis.exists(key)
+    later = time.time() + 0.01  # a recall that starts after the forget caches as before
+    assert erasure.set_unless_erased(clean_redis, tag, later, late[0], '["Lisbon"]', 600)

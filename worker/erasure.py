@@ -5,6 +5,7 @@ keywords that finish after it)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from worker import keys
@@ -46,19 +47,28 @@ def forgotten_at(redis: Any, tombstones: list[str]) -> float:
 # Check and write in one step: a write checked before an erasure's mark and landing after its cleanup scan
 # would otherwise keep the user's data. With the script, a write either lands before the mark (and the scan,
 # which starts after the mark, finds and deletes it) or sees the mark and writes nothing.
+# The same holds for a purge of the user's caches when an episode or session is forgotten (KEYS[3]).
 _SET_UNLESS_ERASED = """
-local at = redis.call('GET', KEYS[1])
-if at and tonumber(at) >= tonumber(ARGV[1]) then return 0 end
+for _, mark in ipairs({KEYS[1], KEYS[3]}) do
+  local at = redis.call('GET', mark)
+  if at and tonumber(at) >= tonumber(ARGV[1]) then return 0 end
+end
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
 return 1
 """
 
 
 def set_unless_erased(redis: Any, tag: str, started_at: float, key: str, value: str, ttl_s: int) -> bool:
-    """SET key value EX ttl_s unless the user was erased after `started_at`; True when written."""
-    return bool(redis.eval(_SET_UNLESS_ERASED, 2, keys.erasure_key(tag), key, repr(started_at), value, ttl_s))
+    """SET key value EX ttl_s unless the user was erased, or their caches purged, after `started_at`; True
+    when written."""
+    marks = (keys.erasure_key(tag), key, keys.cache_purged_key(tag))
+    return bool(redis.eval(_SET_UNLESS_ERASED, 3, *marks, repr(started_at), value, ttl_s))
 
 
-def purge_cached_keywords(redis: Any, user_id: str) -> int:
-    """The user's cached recall keywords (they are derived from queries and may name what was forgotten)."""
-    return sum(int(redis.delete(k)) for k in redis.scan_iter(keys.keywords_cache_pattern(user_tag(user_id)), count=500))
+def purge_cached_keywords(redis: Any, user_id: str, at: float | None = None) -> int:
+    """The user's cached recall keywords and query vectors (derived from queries, they may name what was
+    forgotten). First the purge's time (`at`, now by default): a recall that started before it and finishes
+    after the scan writes nothing (set_unless_erased)."""
+    tag = user_tag(user_id)
+    redis.eval(_SET_LATER, 1, keys.cache_purged_key(tag), repr(time.time() if at is None else at), ERASURE_KEY_TTL_S)
+    return sum(int(redis.delete(k)) for k in redis.scan_iter(keys.keywords_cache_pattern(tag), count=500))

@@ -61,6 +61,12 @@ def forgotten_key(tombstone: str) -> str:
     return f"{PREFIX}:forgotten:{tombstone}"
 
 
+def cache_purged_key(user_tag: str) -> str:
+    """When the user's recall caches were last purged (a forget of an episode or session): a recall that
+    started before then writes no cache entry after it."""
+    return f"{PREFIX}:cache-purged:{user_tag}"
+
+
 def erasure_key(user_tag: str) -> str:
     """When the user was last erased (epoch seconds): the dead-letter path checks it, since a stage that
     fails for good after an erasure must not keep the user's text in a dead letter."""
