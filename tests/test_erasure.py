@@ -183,3 +183,16 @@ def test_a_recall_cache_write_that_lands_after_forget_episode_is_dropped(
         assert not clean_redis.exists(key)
     later = time.time() + 0.01  # a recall that starts after the forget caches as before
     assert erasure.set_unless_erased(clean_redis, tag, later, late[0], '["Lisbon"]', 600)
+
+
+def test_the_redis_erasure_mark_does_not_expire(
+    clean_redis: RedisClient, client: MemoryClient, new_user: Callable[[str], str]
+) -> None:
+    """Issue 33 item 10: the dead-letter path checks this mark (Neo4j may be down); with a 7-day expiry, work
+    accepted before the erasure that failed for good later kept the user's text in a dead letter."""
+    from worker import keys
+    from worker.identity import user_tag
+
+    user = new_user("erase-mark")
+    client.forget_user(user)
+    assert clean_redis.ttl(keys.erasure_key(user_tag(user))) == -1  # kept, with no expiry

@@ -11,11 +11,14 @@ from typing import Any
 from worker import keys
 from worker.identity import user_tag
 
-ERASURE_KEY_TTL_S = 7 * 86_400  # longer than any message lives (retries within the visibility timeout)
+ERASURE_KEY_TTL_S = 7 * 86_400  # tombstones of forgotten episodes and sessions, and cache purges
 
 
 def mark(redis: Any, tag: str, erased_at: float) -> None:
-    redis.set(keys.erasure_key(tag), repr(erased_at), ex=ERASURE_KEY_TTL_S)
+    """Kept with no expiry (one small key per erased user, under the hash of their id, as Neo4j's UserMark):
+    work accepted before the erasure may still fail for good after any fixed time (a backlog older than it),
+    and its dead letter must not keep the user's text then."""
+    redis.set(keys.erasure_key(tag), repr(erased_at))
 
 
 def erased_at(redis: Any, tag: str) -> float | None:
