@@ -93,3 +93,31 @@ def test_a_stage_running_longer_than_the_visibility_timeout_calls_the_model_once
     time.sleep(3.0)  # a second run, if one was started, has asked by now
     assert sorted(extraction_calls(standin).values()) == [1, 1]
     assert graph_facts(store, user)["episodes"] == 2
+
+
+def test_a_message_lost_from_a_busy_broker_is_found_again_at_the_second_sweep(
+    clean_redis: RedisClient,
+    workers: Workers,
+    client: MemoryClient,
+    store: Neo4jGraphStore,
+    new_user: Callable[[str], str],
+) -> None:
+    """Item 6: the broker is never idle under steady traffic, so the sweep never fired and a lost message
+    stayed lost. Now a silent episode no queued or unacknowledged message carries is a suspect, and re-enqueued
+    when the next sweep still finds it silent and carried by none; the queued ones, as old, are left alone."""
+    from worker.keys import EXTRACT_QUEUE, INFLIGHT_INDEX
+
+    user = new_user("lost-busy")
+    items, _ = episodes_for([user], 4, seed=14)
+    receipts = client.add_episodes(items)
+    assert clean_redis.rpop(EXTRACT_QUEUE) is not None  # the oldest, lost as after a BRPOP
+    for receipt in receipts:  # every one silent for long: the three queued must not be taken for lost
+        clean_redis.zadd(INFLIGHT_INDEX, {receipt.episode_id: time.time() - 3600})
+    assert memctl("sweep").stdout.strip() == "re-enqueued 0"  # the broker is busy: a suspect, not yet lost
+    assert clean_redis.llen(EXTRACT_QUEUE) == 3
+    assert memctl("sweep").stdout.strip() == "re-enqueued 1"
+    assert clean_redis.llen(EXTRACT_QUEUE) == 4
+    workers()
+    assert [s.state for s in client.wait(receipts, 60)] == ["persisted"] * 4
+    assert graph_facts(store, user)["episodes"] == 4
+    wait_until(lambda: InFlight(clean_redis).count() == 0, 30, "the records to be closed")

@@ -13,6 +13,8 @@ QUEUES = (EXTRACT_QUEUE, PERSIST_QUEUE)
 INFLIGHT_INDEX = f"{PREFIX}:inflight"  # sorted set: episode id → last sign of life
 INFLIGHT_PAYLOADS = f"{PREFIX}:inflight:payloads"  # hash: episode id → {"user_id", "payload"}
 INFLIGHT_SWEEP_LOCK = f"{PREFIX}:inflight:sweep-lock"
+# hash: episode id → its last sign of life when a sweep with the broker busy found no message for it
+INFLIGHT_SUSPECTS = f"{PREFIX}:inflight:suspects"
 LIVENESS_SWEEP_LOCK = f"{PREFIX}:worker:sweep-lock"  # one liveness sweep at a time (worker/liveness.py)
 KOMBU_UNACKED = "unacked"  # kombu's hash of messages delivered to a worker and not acknowledged yet
 KOMBU_UNACKED_INDEX = "unacked_index"  # kombu's sorted set: delivery tag → when it was delivered
