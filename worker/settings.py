@@ -141,7 +141,10 @@ class Settings(BaseSettings):
         description="A worker silent this long (heartbeat every 5 s) is taken for lost: its messages go back.",
     )
     sweep_grace_s: int = Field(
-        60, ge=0, le=86_400, description="An episode silent this long that no message carries counts as lost (busy broker: at two sweeps)."
+        60,
+        ge=0,
+        le=86_400,
+        description="An episode silent this long that no message carries counts as lost (busy broker: at two sweeps).",
     )
     persist_inline: bool = Field(
         True,
