@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
-from api_stub.client import MemoryClient
+from api_stub.client import EpisodeReceipt, MemoryClient
 from tests.ingest_helpers import episodes_for, graph_facts, wait_until
 from tests.llm_standin import Reply, StandIn, answer
 from tests.services import RedisClient
@@ -17,6 +18,19 @@ from worker.graph.neo4j_store import Neo4jGraphStore
 from worker.inflight import InFlight
 
 Workers = Callable[..., WorkerProcess]
+
+
+def persisted_once(
+    redis: RedisClient, workers: Workers, client: MemoryClient, user: str, seed: int
+) -> tuple[list[EpisodeReceipt], dict[str, Any]]:
+    """One episode sent and persisted by a worker: its receipt, and the in-flight payload it was accepted with."""
+    items, _ = episodes_for([user], 1, seed=seed)
+    receipts = client.add_episodes(items)
+    payload = InFlight(redis).payload(receipts[0].episode_id)
+    assert payload is not None
+    workers()
+    assert [s.state for s in client.wait(receipts, 60)] == ["persisted"]
+    return receipts, payload
 
 
 def test_a_persisted_episode_whose_record_was_left_open_is_closed_and_still_reported_persisted(
@@ -29,13 +43,8 @@ def test_a_persisted_episode_whose_record_was_left_open_is_closed_and_still_repo
     """Item 7: the record could not be marked done (a Redis blip after the commit); the sweep finds it silent
     with the broker idle. The send is final: its outcome stays `persisted`, nothing is extracted again."""
     user = new_user("left-open")
-    items, _ = episodes_for([user], 1, seed=11)
-    receipts = client.add_episodes(items)
+    receipts, payload = persisted_once(clean_redis, workers, client, user, seed=11)
     in_flight = InFlight(clean_redis)
-    payload = in_flight.payload(receipts[0].episode_id)
-    assert payload is not None
-    workers()
-    assert [s.state for s in client.wait(receipts, 60)] == ["persisted"]
     in_flight.add(receipts[0].episode_id, user, payload, at=time.time() - 3600)  # left open, long silent
     memctl("sweep")
     wait_until(lambda: in_flight.count() == 0, 60, "the record to be closed")
@@ -56,13 +65,8 @@ def test_a_left_open_send_whose_outcome_expired_is_sent_again_and_reported_persi
     from worker.celery_app import persist_task_id
 
     user = new_user("left-open-expired")
-    items, _ = episodes_for([user], 1, seed=12)
-    receipts = client.add_episodes(items)
+    receipts, payload = persisted_once(clean_redis, workers, client, user, seed=12)
     in_flight = InFlight(clean_redis)
-    payload = in_flight.payload(receipts[0].episode_id)
-    assert payload is not None
-    workers()
-    assert [s.state for s in client.wait(receipts, 60)] == ["persisted"]
     client._celery().backend.forget(persist_task_id(receipts[0].episode_id))
     in_flight.add(receipts[0].episode_id, user, payload, at=time.time() - 3600)
     assert memctl("sweep").stdout.strip() == "re-enqueued 1"
